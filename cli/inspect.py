@@ -1,0 +1,41 @@
+"""``npu-deploy inspect FILE``: what an ONNX model, offline bundle or ``.om`` file holds.
+
+The kind is detected from the file's content, not its name. Exit 0 when the file reads cleanly, 1 when
+an integrity check fails (bundle checksum, missing external data), 2 when it cannot be read at all.
+"""
+
+from __future__ import annotations
+
+import click
+
+from npu_deploy.cli.options import parse_input_shapes, parse_int_list, soc_option
+
+
+@click.command("inspect", context_settings={"help_option_names": ["-h", "--help"]})
+@click.argument("file", type=click.Path(dir_okay=False))
+@click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None, metavar="FILE",
+              help="Also write the report as JSON (schema npu-deploy/inspect v1).")
+@click.option("--ops", is_flag=True, help="List every node/op (with --soc: its CANN op and engine).")
+@click.option("--layers", is_flag=True, help="Show the formats on every node/op's inputs and outputs.")
+@soc_option
+@click.option("--precision-mode", default=None, help="With --soc: ATC precision mode for the plan.")
+@click.option("--input-shape", default=None, metavar="NAME:DIMS;...",
+              help="With --soc: fix dynamic input dimensions (ATC --input_shape syntax).")
+@click.option("--dynamic-batch", default=None, metavar="B1,B2,...", help="With --soc: batch gears.")
+@click.option("--no-verify", is_flag=True, help="Skip the bundle weight checksum (large bundles).")
+@click.pass_context
+def command(ctx, file, json_path, ops, layers, soc, precision_mode, input_shape, dynamic_batch, no_verify):
+    """Show what FILE holds: inputs/outputs, dtypes, shapes and gears, ops, and where layouts change.
+
+    FILE may be an ONNX model, an npu-deploy offline bundle or an ATC .om (no CANN needed).
+    """
+    from npu_deploy.converters.inspect import inspect, render_text
+
+    report = inspect(file, soc=soc, ops=ops, layers=layers,
+                     input_shapes=parse_input_shapes(input_shape) or None,
+                     dynamic_batch=parse_int_list(dynamic_batch, option="--dynamic-batch") or None,
+                     precision_mode=precision_mode, verify=not no_verify)
+    if json_path:
+        report.to_json(json_path)
+    click.echo(render_text(report, ops=ops, layers=layers))
+    ctx.exit(0 if report else 1)

@@ -1,0 +1,116 @@
+"""``npu-deploy profile``: FormatTrans share of a profile (``analyze``), or profile a model and analyse (``run``)."""
+
+from __future__ import annotations
+
+import click
+
+from npu_deploy.cli.options import parse_input_shapes
+
+_CTX = {"help_option_names": ["-h", "--help"]}
+
+_analysis_options = [
+    click.option("--threshold", type=click.FloatRange(0, 100), default=8.0, show_default=True,
+                 help="Flag when FormatTrans exceeds this % of device compute time."),
+    click.option("--include-transpose/--no-include-transpose", default=True, show_default=True,
+                 help="Count Transpose/TransposeD/ConfusionTransposeD in the flagged FormatTrans total."),
+    click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None,
+                 help="Write the full report as JSON (schema npu-deploy/profile-report v1)."),
+    click.option("--html", "html_path", type=click.Path(dir_okay=False), default=None,
+                 help="Write a self-contained HTML report."),
+    click.option("--fail-on-flag", is_flag=True, help="Exit 1 when the share is above the threshold (for CI)."),
+    click.option("--top", type=click.IntRange(1, 1000), default=10, show_default=True,
+                 help="Rows in the terminal tables."),
+]
+
+
+def _apply(options):
+    def deco(f):
+        for opt in reversed(options):
+            f = opt(f)
+        return f
+    return deco
+
+
+@click.group("profile", context_settings=_CTX)
+def command():
+    """Find format-conversion (FormatTrans) overhead in Ascend profiler output.
+
+    \b
+    Examples:
+      npu-deploy profile analyze PROF_000001_20230628101435646_FKFLNPEPPRRCFCBA
+      npu-deploy profile analyze rank0_ascend_pt --html report.html --fail-on-flag
+      npu-deploy profile run model.onnx --input-shape x:1,3,224,224
+    """
+
+
+def _finish(ctx: click.Context, report, json_path, html_path, fail_on_flag, top) -> None:
+    from npu_deploy.profiling.report import render_text, write_html
+
+    for w in report.warnings:
+        click.echo(f"npu-deploy: warning: {w}", err=True)
+    if json_path:
+        report.to_json(json_path)
+    if html_path:
+        write_html(report, html_path)
+    click.echo(render_text(report, top=top))
+    if json_path:
+        click.echo(f"JSON report: {json_path}")
+    if html_path:
+        click.echo(f"HTML report: {html_path}")
+    click.echo(report.verdict())
+    ctx.exit(1 if (fail_on_flag and report.flagged) else 0)
+
+
+@command.command("analyze", context_settings=_CTX)
+@click.argument("path", type=click.Path())
+@_apply(_analysis_options)
+@click.pass_context
+def analyze(ctx, path, threshold, include_transpose, json_path, html_path, fail_on_flag, top):
+    """Analyse what msprof / torch_npu / MindSpore wrote under PATH.
+
+    PATH is a PROF_* folder, a *_ascend_pt / *_ascend_ms folder, a folder holding several of them, an
+    msprof_*.db / ascend_pytorch_profiler*.db export, or one op_summary / kernel_details / op_statistic
+    CSV or timeline JSON. Shares are of device compute time (communication excluded).
+
+    Exit codes: 0 analysed, 1 flagged with --fail-on-flag, 2 nothing usable found.
+    """
+    from npu_deploy.profiling.analyze import analyze_profile
+
+    report = analyze_profile(path, threshold=threshold, include_transpose=include_transpose)
+    _finish(ctx, report, json_path, html_path, fail_on_flag, top)
+
+
+@command.command("run", context_settings=_CTX)
+@click.argument("model", type=click.Path(dir_okay=False))
+@click.argument("run_args", nargs=-1, type=click.UNPROCESSED)
+@click.option("--output-dir", "-o", type=click.Path(file_okay=False), default="npu-deploy-profile",
+              show_default=True, help="Where the profile folder (PROF_*) is written.")
+@click.option("--input-shape", default=None, metavar="NAME:DIMS;...",
+              help="Fix dynamic input dimensions (default: first gear, else 1).")
+@click.option("--loops", type=click.IntRange(1, 1000), default=1, show_default=True, help="Profiled runs.")
+@click.option("--msprof/--emulator", "use_msprof", default=None,
+              help="Force msprof (an Ascend host) or the emulator's estimated profile (default: msprof when on PATH).")
+@click.option("--timeout", type=float, default=None, help="Seconds to allow msprof.")
+@_apply(_analysis_options)
+@click.pass_context
+def run(ctx, model, run_args, output_dir, input_shape, loops, use_msprof, timeout, threshold,
+        include_transpose, json_path, html_path, fail_on_flag, top):
+    """Profile MODEL (.onnx, bundle or .om) and analyse the profile.
+
+    With msprof on PATH, MODEL runs as `npu-deploy run MODEL` under msprof; arguments after `--` go to
+    that `npu-deploy run`. Elsewhere MODEL runs on the CPU emulator and the profile holds the cost
+    model's estimated durations; the verdict line says so.
+    """
+    from npu_deploy.profiling.run import profile_model
+
+    shapes = parse_input_shapes(input_shape)
+    import shutil
+
+    will_msprof = use_msprof if use_msprof is not None else shutil.which("msprof") is not None
+    if run_args and not will_msprof:
+        click.echo(f"npu-deploy: warning: ignoring {' '.join(run_args)}: arguments after -- go to "
+                   "`npu-deploy run` under msprof, and msprof is not used here", err=True)
+    report = profile_model(model, output_dir, input_shapes=shapes, loops=loops, run_args=run_args,
+                           threshold=threshold, include_transpose=include_transpose, use_msprof=use_msprof,
+                           timeout=timeout)
+    _finish(ctx, report, json_path, html_path, fail_on_flag, top)

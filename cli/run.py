@@ -1,0 +1,254 @@
+"""``npu-deploy run MODEL``: run a bundle (CPU emulator) or ``.om`` (device) and report latency.
+
+ais_bench spellings are accepted as aliases: ``--dymBatch`` (= ``--batch-size``), ``--dymDims``
+(= ``--input-shape``), ``--warmup_count`` (= ``--warmup``), ``--outputSize`` (= ``--output-size``).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+import numpy as np
+
+from npu_deploy.cli.options import parse_input_shapes, parse_int_list
+from npu_deploy.errors import InputError
+
+
+def load_array(path: str | Path, meta=None, shape: tuple[int, ...] | None = None) -> np.ndarray:
+    """Read one input: ``.npy`` (no pickle) or raw ``.bin`` (dtype and shape from the model input)."""
+    p = Path(path)
+    if not p.is_file():
+        raise InputError(f"input file {p} does not exist", hint="check the --input path")
+    if p.suffix.lower() == ".npy":
+        try:
+            return np.load(p, allow_pickle=False)
+        except (ValueError, OSError) as e:
+            raise InputError(f"{p}: not a readable .npy array ({e})",
+                             hint="save inputs with numpy.save, or give raw .bin files") from e
+    if meta is None:
+        raise InputError(f"{p}: a .bin input needs a model input to take its dtype and shape from",
+                         hint="name the input: --input NAME=FILE.bin")
+    want = shape if shape is not None else meta.shape
+    raw = p.read_bytes()
+    if any(d < 0 for d in want):
+        if len(raw) % meta.dtype.itemsize:
+            raise InputError(f"{p}: {len(raw)} bytes is not a whole number of {meta.dtype.name} values")
+        known = int(np.prod([d for d in want if d >= 0] or [1]))
+        n = len(raw) // meta.dtype.itemsize
+        if [d for d in want if d < 0] != [-1] or known == 0 or n % known:
+            raise InputError(f"{p}: cannot tell the shape of a raw .bin for input {meta.name!r} "
+                             f"with dynamic shape {meta.shape}",
+                             hint="give --input-shape (--dymDims) or --batch-size, or use .npy files")
+        want = tuple(n // known if d < 0 else d for d in want)
+    need = int(np.prod(want)) * meta.dtype.itemsize
+    if len(raw) != need:
+        raise InputError(f"{p}: {len(raw)} bytes, but input {meta.name!r} {tuple(want)} {meta.dtype.name} "
+                         f"needs {need}", hint="check the file matches the model input (or use .npy)")
+    return np.frombuffer(raw, dtype=meta.dtype).reshape(want).copy()
+
+
+def resolve_shape(meta, shapes: dict, batch: int | None) -> tuple[int, ...]:
+    """The concrete shape to generate/read for ``meta``: ``--input-shape``, else ``--batch-size`` on
+    axis 0, else the first gear (or the gear with that batch), else the static shape."""
+    if meta.name in shapes:
+        s = tuple(shapes[meta.name])
+        if len(s) != meta.rank:
+            raise InputError(f"--input-shape for {meta.name!r} has rank {len(s)}, the model input has "
+                             f"rank {meta.rank} {meta.shape}")
+        return s
+    if batch is not None and meta.rank:
+        if meta.shape[0] >= 0 and meta.shape[0] != batch:
+            raise InputError(f"--batch-size {batch}: input {meta.name!r} has a static batch of {meta.shape[0]}",
+                             hint="reconvert with --dynamic-batch to run other batch sizes")
+        rest = meta.shape[1:]
+        if any(d < 0 for d in rest):
+            gear = next((g for g in meta.gears if g[0] == batch), meta.gears[0] if meta.gears else None)
+            if gear is None:
+                raise InputError(f"input {meta.name!r} {meta.shape} has dynamic dims besides the batch",
+                                 hint="give them with --input-shape NAME:DIMS")
+            rest = gear[1:]
+        return (batch, *rest)
+    if meta.gears:
+        return tuple(meta.gears[0])
+    if any(d < 0 for d in meta.shape):
+        raise InputError(f"input {meta.name!r} has dynamic shape {meta.shape}",
+                         hint="give it with --input-shape NAME:DIMS")
+    return tuple(meta.shape)
+
+
+def build_feeds(metas, inputs: tuple[str, ...], input_dir: str | None, pure_data: str, shapes: dict,
+                batch: int | None, seed: int = 0) -> dict[str, np.ndarray]:
+    """Feeds from ``--input`` (``NAME=FILE`` or files in input order, comma-separated like ais_bench),
+    ``--input-dir`` (``<name>.npy`` / ``<name>.bin``), else generated (``--pure-data``)."""
+    by_name = {m.name: m for m in metas}
+    feeds: dict[str, np.ndarray] = {}
+    positional: list[str] = []
+    for item in inputs:
+        for part in (item.split(",") if "=" not in item else [item]):
+            part = part.strip()
+            if not part:
+                continue
+            name, sep, path = part.partition("=")
+            if sep:
+                if name not in by_name:
+                    raise InputError(f"--input {part}: the model has no input {name!r}",
+                                     hint=f"inputs are {', '.join(by_name)}")
+                feeds[name] = load_array(path, by_name[name], _shape_or_none(by_name[name], shapes, batch))
+            else:
+                positional.append(part)
+    if positional:
+        free = [m for m in metas if m.name not in feeds]
+        if len(positional) > len(free):
+            raise InputError(f"{len(positional)} input files for {len(free)} model inputs",
+                             hint=f"inputs are {', '.join(m.name for m in metas)}")
+        for m, path in zip(free, positional):
+            feeds[m.name] = load_array(path, m, _shape_or_none(m, shapes, batch))
+    if input_dir is not None:
+        d = Path(input_dir)
+        if not d.is_dir():
+            raise InputError(f"--input-dir {d} is not a folder")
+        for m in metas:
+            if m.name in feeds:
+                continue
+            safe = m.name.replace("/", "_").replace(":", "_")
+            for cand in (d / f"{safe}.npy", d / f"{safe}.bin"):
+                if cand.is_file():
+                    feeds[m.name] = load_array(cand, m, _shape_or_none(m, shapes, batch))
+                    break
+            else:
+                raise InputError(f"--input-dir {d}: no {safe}.npy or {safe}.bin for input {m.name!r}")
+    rng = np.random.default_rng(seed)
+    for m in metas:
+        if m.name in feeds:
+            continue
+        shape = resolve_shape(m, shapes, batch)
+        if pure_data == "zero":
+            feeds[m.name] = np.zeros(shape, m.dtype)
+        elif m.dtype.kind == "f":
+            feeds[m.name] = rng.random(shape).astype(m.dtype)
+        elif m.dtype.kind in "iu":
+            feeds[m.name] = rng.integers(0, 2, size=shape).astype(m.dtype)
+        elif m.dtype.kind == "b":
+            feeds[m.name] = rng.random(shape) < 0.5
+        else:
+            raise InputError(f"input {m.name!r}: cannot generate {m.dtype} data", hint="give it with --input")
+    return feeds
+
+
+def _shape_or_none(meta, shapes, batch):
+    try:
+        return resolve_shape(meta, shapes, batch)
+    except InputError:
+        return None
+
+
+def save_outputs(out_dir: str, names: list[str], outs: list[np.ndarray], outfmt: str) -> list[Path]:
+    from npu_deploy._io import atomic_path
+
+    d = Path(out_dir)
+    try:
+        d.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise InputError(f"cannot create output folder {d}: {e.strerror}") from e
+    written = []
+    for name, arr in zip(names, outs):
+        safe = name.replace("/", "_").replace(":", "_")
+        path = d / f"{safe}.{outfmt}"
+        with atomic_path(path) as tmp:
+            with open(tmp, "wb") as f:
+                if outfmt == "npy":
+                    np.save(f, arr, allow_pickle=False)
+                else:
+                    f.write(np.ascontiguousarray(arr).tobytes())
+        written.append(path)
+    return written
+
+
+@click.command("run", context_settings={"help_option_names": ["-h", "--help"]})
+@click.argument("model", type=click.Path(dir_okay=False))
+@click.option("--input", "inputs", multiple=True, metavar="NAME=FILE",
+              help="An input file (.npy, or raw .bin); NAME= may be omitted (files then go to inputs in "
+                   "order, comma-separated as in ais_bench). Repeatable.")
+@click.option("--input-dir", type=click.Path(file_okay=False), default=None,
+              help="Folder with <input name>.npy or .bin files.")
+@click.option("--pure-data", type=click.Choice(["zero", "random"]), default="zero", show_default=True,
+              help="Data for inputs not given.")
+@click.option("--loop", type=int, default=10, show_default=True, help="Measured runs.")
+@click.option("--warmup", "--warmup_count", "warmup", type=int, default=1, show_default=True,
+              help="Unmeasured runs first (ais_bench: --warmup_count).")
+@click.option("--batch-size", "--dymBatch", "batch_size", type=int, default=None,
+              help="Batch size to run (picks the batch gear; ais_bench: --dymBatch).")
+@click.option("--input-shape", "--dymDims", "input_shape", default=None, metavar="NAME:DIMS;...",
+              help="Concrete input shapes, e.g. 'x:1,3,640,640' (ais_bench: --dymDims).")
+@click.option("--output-size", "--outputSize", "output_size", default=None, metavar="BYTES,...",
+              help="Output buffer sizes for dynamic-shape .om models (ais_bench: --outputSize); "
+                   "the emulator sizes outputs itself.")
+@click.option("--output", "output_dir", type=click.Path(file_okay=False), default=None,
+              help="Write the outputs of the last run here, one file per output.")
+@click.option("--outfmt", type=click.Choice(["npy", "bin"], case_sensitive=False), default="npy",
+              show_default=True, help="Output file format.")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None,
+              help="Write the measured numbers, model, backend, shapes and versions as JSON.")
+@click.option("--device", "device_id", type=int, default=0, show_default=True, help="Device id (.om only).")
+@click.option("--backend", type=click.Choice(["auto", "emulator", "acl"]), default="auto", show_default=True)
+@click.option("--profile", "profile_dir", type=click.Path(file_okay=False), default=None,
+              help="Write an msprof-style profile folder here (estimated on the emulator).")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed for --pure-data random.")
+@click.pass_context
+def command(ctx, model, inputs, input_dir, pure_data, loop, warmup, batch_size, input_shape, output_size,
+            output_dir, outfmt, json_path, device_id, backend, profile_dir, seed):
+    """Run MODEL (an offline bundle or .om) and report latency and throughput.
+
+    Prints latency min/mean/p50/p90/p95/p99 and throughput, and separately the host-to-device,
+    compute and device-to-host times. On the CPU emulator these are CPU times, not device times.
+
+    Example: npu-deploy run model.bundle --loop 100 --warmup 5 --json run.json
+    """
+    from npu_deploy.runtime.bench import benchmark
+    from npu_deploy.runtime.session import InferenceSession
+
+    if loop < 1:
+        raise InputError(f"--loop {loop}: must be at least 1")
+    if warmup < 0:
+        raise InputError(f"--warmup {warmup}: must not be negative")
+    if batch_size is not None and batch_size < 1:
+        raise InputError(f"--batch-size {batch_size}: must be at least 1")
+    shapes = parse_input_shapes(input_shape, option="--input-shape")
+    sizes = parse_int_list(output_size, option="--output-size")
+    outfmt = outfmt.lower()
+    with InferenceSession(model, device_id=device_id, backend=backend, profile=profile_dir is not None,
+                          profile_dir=profile_dir) as sess:
+        metas = sess.get_inputs()
+        feeds = build_feeds(metas, inputs, input_dir, pure_data, shapes, batch_size, seed)
+        click.echo(f"model: {model}  backend: {sess.backend_name}")
+        for n, a in feeds.items():
+            click.echo(f"  input  {n}: {a.dtype.name} {tuple(a.shape)}")
+        if sizes and sess.backend_name == "emulator":
+            click.echo("  note: --output-size is ignored on the emulator (outputs are sized by the model)")
+        show_bar = loop >= 50
+        if show_bar:
+            with click.progressbar(length=loop, label="running", file=sys.stderr) as bar:
+                res, outs = benchmark(sess, feeds, loop=loop, warmup=warmup, model=str(model),
+                                      progress=lambda i: bar.update(1))
+        else:
+            res, outs = benchmark(sess, feeds, loop=loop, warmup=warmup, model=str(model))
+        names = [m.name for m in sess.get_outputs()]
+        for n, o in zip(names, outs):
+            click.echo(f"  output {n}: {o.dtype.name} {tuple(o.shape)}")
+        if output_dir is not None:
+            written = save_outputs(output_dir, names, outs, outfmt)
+            click.echo(f"outputs written: {', '.join(str(p) for p in written)}")
+    click.echo(res.table())
+    if sess.backend_name == "emulator":
+        click.echo("note: emulator times are CPU times of onnxruntime, not NPU device times")
+    if profile_dir is not None and sess.profile_path is not None:
+        est = " (estimated durations)" if sess.backend_name == "emulator" else ""
+        click.echo(f"profile{est}: {sess.profile_path}")
+    if json_path is not None:
+        res.to_json(json_path)
+        click.echo(f"json written: {json_path}")
+    click.echo(res.verdict())
+    ctx.exit(0)
+

@@ -1,0 +1,879 @@
+"""Per-SoC cost model: estimated op times and the FormatTrans (TransData) share of device time.
+
+Everything here is an **estimate** from peak figures and stated assumptions, never a measurement;
+every report says so. Use it to rank ops and to see whether layout conversions are likely to matter
+(the FormatTrans share is flagged above 8 %), then confirm with a real profile (``npu-deploy profile``).
+
+Model (all constants live in :data:`SOC_PROFILES`, each with its source or marked "assumption"):
+
+* **AI Core, cube ops** (Conv, ConvTranspose, MatMul, Gemm, LSTM/GRU/RNN): roofline with double
+  buffering, ``launch_us + max(flops / (peak(dtype) * cube_efficiency),
+  bytes / (bandwidth * bw_efficiency))``. When the cube operands sit in ND instead of a fractal format
+  (``operand_format="ND"``) the operand reads run at ``nd_load_efficiency`` of the bandwidth (a
+  16x16 fractal is one contiguous load; ND forces 16 strided row loads).
+* **AI Core, vector ops** (elementwise, norms, pooling, Softmax, Resize, data movement, unknown
+  ops): ``launch_us + max(flops / (vector peak * vector_efficiency), bytes / (bandwidth *
+  bw_efficiency))`` — bandwidth-bound in practice.
+* **Views** (Reshape, Flatten, Squeeze, Unsqueeze, Identity, Shape, Constant…): zero cost, no kernel.
+* **AI CPU**: ``aicpu_launch_us + max(flops / aicpu_gflops, bytes / aicpu_bandwidth)`` — all
+  assumptions; the AI CPU is a handful of general-purpose ARM cores plus a task hand-off.
+* **TransData**: ``launch_us + (src_bytes + dst_bytes) / (bandwidth * transdata_efficiency)``.
+
+Public API (used by the planner, the bundle manifest and the emulator's estimated profile)::
+
+    SocProfile(name, fp16_tflops, int8_tops, fp32_tflops, vector_fp16_tflops, bandwidth_gbps,
+               launch_us, cube_efficiency, vector_efficiency, bw_efficiency, transdata_efficiency,
+               nd_load_efficiency, aicpu_gflops, aicpu_bandwidth_gbps, aicpu_launch_us,
+               sources: dict[str, str])            # field -> source or "assumption: ..."
+    SOC_PROFILES: dict[str, SocProfile]             # "Ascend310P3", "Ascend910B"
+    get_soc_profile(soc: str | SocProfile | os.PathLike) -> SocProfile
+        # exact name, family prefix ("Ascend910B3" -> "Ascend910B", "Ascend310P1" -> "Ascend310P3"),
+        # a SocProfile, or a JSON file path (SocProfile.to_dict() layout; missing fields are taken
+        # from the profile named in "base", default Ascend310P3). Unknown SoC -> InputError.
+    OpWork(flops: float, bytes_in: int, bytes_out: int, unit: "cube" | "vector" | "none")
+    op_work(node: onnx.NodeProto, shapes: dict[str, tuple[int, ...]],
+            dtypes: dict[str, np.dtype]) -> OpWork
+        # shapes/dtypes of every named input/output (initializers included); a missing or dynamic
+        # shape raises InputError naming the node and tensor.
+    op_time_us(work, soc, dtype="float16", engine="AI Core", operand_format=None) -> float
+        # dtype is the compute dtype (float16/bfloat16/float32/int8…); engine "AI Core" | "AI CPU";
+        # operand_format None|"NZ"|"ND" (cube ops only). >= launch_us for every kernel, 0 for views.
+    transdata_time_us(nbytes, src_format, dst_format, soc, dst_nbytes=None) -> float
+        # nbytes: bytes of the source tensor as stored; dst_nbytes defaults to nbytes.
+    EstimatedOp(name, op_type, work: OpWork, dtype="float16", engine="AI Core", operand_format=None)
+    EstimatedTransData(name, src_format, dst_format, nbytes, dst_nbytes=None)
+        # estimate() also accepts the manifest's transdata dicts ({name, src_format, dst_format,
+        # bytes, ...}).
+    estimate(ops: list[EstimatedOp], transdata=(), soc="Ascend310P3", *, soc_profile=None,
+             threshold=0.08) -> CostReport
+    estimate_model(model, soc="Ascend310P3", *, input_shapes=None, dtype="float16",
+                   soc_profile=None) -> CostReport
+        # whole ONNX model (path or ModelProto), every node on AI Core, no TransData; shapes from
+        # onnx shape inference on the fixed input shapes.
+    model_ops(model, *, input_shapes=None, dtype="float16") -> list[EstimatedOp]
+    model_tensor_types(model, *, input_shapes=None) -> (shapes, dtypes)
+        # every tensor's static shape/dtype: onnx shape inference, then one onnxruntime run on
+        # placeholder inputs for the tensors inference leaves unknown
+    tensor_types(model: onnx.ModelProto) -> tuple[dict[str, tuple], dict[str, np.dtype]]
+        # what a shape-inferred model already declares (-1 for unknown dims), no inference
+    CostReport (a npu_deploy._result.Result):
+        .soc, .profile (dict), .ops: list[OpEstimate(name, op_type, engine, unit, flops, bytes,
+        est_us)], .transdata: list[TransDataEstimate(name, src_format, dst_format, nbytes, est_us)],
+        .compute_us, .formattrans_us, .total_us, .formattrans_share (0..1), .threshold, .flagged
+        .top_ops(n=10), .manifest_summary() -> {"estimated": True, "soc", "total_us",
+        "formattrans_share", "est_us": {op name: µs}}
+        bool(report) == not flagged; verdict() contains "estimated".
+
+>>> report = estimate([EstimatedOp("conv", "Conv", OpWork(2e9, 1 << 20, 1 << 20, "cube"))],
+...                   [EstimatedTransData("x_to_5hd", "NCHW", "NC1HWC0", 401408)], "Ascend310P3")
+>>> report.flagged, "estimated" in report.verdict()
+(True, True)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any, ClassVar, Iterable, Mapping, Sequence
+
+import numpy as np
+
+from npu_deploy._result import Result
+from npu_deploy.errors import InputError, ModelError
+
+FORMATTRANS_THRESHOLD = 0.08
+
+_DESIGN = "design.md (vendor datasheet figure)"
+
+
+@dataclasses.dataclass(frozen=True)
+class SocProfile:
+    """Peak figures and efficiency assumptions for one SoC. Rates are peaks; efficiencies in (0, 1].
+
+    >>> p = SocProfile.from_dict({"name": "my310P", "base": "Ascend310P3", "bandwidth_gbps": 100})
+    >>> p.bandwidth_gbps, p.fp16_tflops
+    (100.0, 70.0)
+    """
+
+    name: str
+    fp16_tflops: float
+    int8_tops: float
+    fp32_tflops: float
+    vector_fp16_tflops: float
+    bandwidth_gbps: float
+    launch_us: float
+    cube_efficiency: float
+    vector_efficiency: float
+    bw_efficiency: float
+    transdata_efficiency: float
+    nd_load_efficiency: float
+    aicpu_gflops: float
+    aicpu_bandwidth_gbps: float
+    aicpu_launch_us: float
+    sources: dict = dataclasses.field(default_factory=dict, compare=False)
+
+    _RATES: ClassVar[tuple[str, ...]] = (
+        "fp16_tflops", "int8_tops", "fp32_tflops", "vector_fp16_tflops", "bandwidth_gbps",
+        "aicpu_gflops", "aicpu_bandwidth_gbps")
+    _FRACTIONS: ClassVar[tuple[str, ...]] = (
+        "cube_efficiency", "vector_efficiency", "bw_efficiency", "transdata_efficiency",
+        "nd_load_efficiency")
+    _TIMES: ClassVar[tuple[str, ...]] = ("launch_us", "aicpu_launch_us")
+
+    def __post_init__(self) -> None:
+        for f in self._RATES:
+            v = getattr(self, f)
+            if not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
+                raise InputError(f"SoC profile {self.name!r}: {f} = {v!r} must be a positive number")
+        for f in self._FRACTIONS:
+            v = getattr(self, f)
+            if not (isinstance(v, (int, float)) and 0 < v <= 1):
+                raise InputError(f"SoC profile {self.name!r}: {f} = {v!r} must be in (0, 1]")
+        for f in self._TIMES:
+            v = getattr(self, f)
+            if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
+                raise InputError(f"SoC profile {self.name!r}: {f} = {v!r} must be >= 0 µs")
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "SocProfile":
+        """Build from a dict; fields left out come from ``d["base"]`` (default ``Ascend310P3``)."""
+        d = dict(d)
+        base_name = d.pop("base", "Ascend310P3")
+        if base_name not in SOC_PROFILES:
+            raise InputError(f"SoC profile: unknown base {base_name!r}",
+                             hint=f"use one of {', '.join(SOC_PROFILES)}")
+        fields = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(d) - fields)
+        if unknown:
+            raise InputError(f"SoC profile: unknown field(s) {', '.join(unknown)}",
+                             hint=f"known fields: {', '.join(sorted(fields))}")
+        base = SOC_PROFILES[base_name].to_dict()
+        sources = dict(base["sources"])
+        for k in d:
+            if k not in ("name", "sources"):
+                sources[k] = "user override"
+        sources.update(d.pop("sources", None) or {})
+        base.update(d)
+        base["sources"] = sources
+        for f in cls._RATES + cls._FRACTIONS + cls._TIMES:
+            if isinstance(base[f], int) and not isinstance(base[f], bool):
+                base[f] = float(base[f])
+        return cls(**base)
+
+    def cube_peak_flops(self, dtype: Any) -> float:
+        """Peak cube operations per second for a compute dtype."""
+        name = _dtype_name(dtype)
+        if name in ("int8", "uint8", "int4"):
+            return self.int8_tops * 1e12
+        if name in ("float32", "float64"):
+            return self.fp32_tflops * 1e12
+        return self.fp16_tflops * 1e12
+
+    def vector_peak_flops(self, dtype: Any) -> float:
+        """Peak vector operations per second: fp16 rate, half for 4-byte and wider types (assumption:
+        the vector unit processes a fixed number of bytes per cycle)."""
+        width = max(2, _itemsize(dtype))
+        return self.vector_fp16_tflops * 1e12 * 2 / width
+
+
+_A = "assumption: "
+
+SOC_PROFILES: dict[str, SocProfile] = {
+    "Ascend310P3": SocProfile(
+        name="Ascend310P3",
+        fp16_tflops=70.0, int8_tops=140.0, fp32_tflops=17.5, vector_fp16_tflops=1.1,
+        bandwidth_gbps=204.8, launch_us=3.0,
+        cube_efficiency=0.7, vector_efficiency=0.5, bw_efficiency=0.7, transdata_efficiency=0.5,
+        nd_load_efficiency=0.5, aicpu_gflops=20.0, aicpu_bandwidth_gbps=10.0, aicpu_launch_us=30.0,
+        sources={
+            "fp16_tflops": "Atlas 300I Pro (one Ascend 310P3) datasheet, " + _DESIGN,
+            "int8_tops": "Atlas 300I Pro datasheet, " + _DESIGN,
+            "fp32_tflops": _A + "1/4 of the FP16 cube rate (fp32 through the cube as split fp16 "
+                           "passes); ATC's default force_fp16 avoids it",
+            "vector_fp16_tflops": _A + "8 AI Cores x 128 fp16 lanes (256-byte vector) x ~1.08 GHz, "
+                                  "the clock implied by 70 TFLOPS with a 16x16x16 cube per core",
+            "bandwidth_gbps": "LPDDR4X 204.8 GB/s, " + _DESIGN,
+            "launch_us": _A + "'each kernel launch costs a few microseconds' (design.md)",
+            "cube_efficiency": _A + "large GEMM/Conv reach ~70 % of cube peak",
+            "vector_efficiency": _A + "~50 % of vector peak",
+            "bw_efficiency": _A + "streaming kernels reach ~70 % of DDR peak",
+            "transdata_efficiency": _A + "layout transposes (strided reads or writes) reach ~50 % "
+                                    "of DDR peak",
+            "nd_load_efficiency": _A + "ND cube operands load as 32-byte strided rows instead of "
+                                  "contiguous 512-byte fractals: ~50 % of DDR peak",
+            "aicpu_gflops": _A + "a few ARM cores running scalar/NEON kernels",
+            "aicpu_bandwidth_gbps": _A + "AI CPU kernels copy through the control CPU's caches",
+            "aicpu_launch_us": _A + "AI CPU task hand-off and completion sync of tens of µs",
+        }),
+    "Ascend910B": SocProfile(
+        name="Ascend910B",
+        fp16_tflops=300.0, int8_tops=600.0, fp32_tflops=75.0, vector_fp16_tflops=11.0,
+        bandwidth_gbps=1600.0, launch_us=3.0,
+        cube_efficiency=0.7, vector_efficiency=0.5, bw_efficiency=0.7, transdata_efficiency=0.5,
+        nd_load_efficiency=0.5, aicpu_gflops=40.0, aicpu_bandwidth_gbps=20.0, aicpu_launch_us=30.0,
+        sources={
+            "fp16_tflops": "'on the order of 300 TFLOPS FP16', " + _DESIGN,
+            "int8_tops": _A + "2x the FP16 cube rate, as on 310P3",
+            "fp32_tflops": _A + "1/4 of the FP16 cube rate",
+            "vector_fp16_tflops": _A + "~48 vector cores x 128 fp16 lanes x ~1.8 GHz",
+            "bandwidth_gbps": "'1.6 TB/s HBM', " + _DESIGN,
+            "launch_us": _A + "'each kernel launch costs a few microseconds' (design.md)",
+            "cube_efficiency": _A + "large GEMM/Conv reach ~70 % of cube peak",
+            "vector_efficiency": _A + "~50 % of vector peak",
+            "bw_efficiency": _A + "streaming kernels reach ~70 % of HBM peak",
+            "transdata_efficiency": _A + "layout transposes reach ~50 % of HBM peak",
+            "nd_load_efficiency": _A + "ND cube operands load as strided rows: ~50 % of HBM peak",
+            "aicpu_gflops": _A + "a few ARM cores running scalar/NEON kernels",
+            "aicpu_bandwidth_gbps": _A + "AI CPU kernels copy through the control CPU's caches",
+            "aicpu_launch_us": _A + "AI CPU task hand-off and completion sync of tens of µs",
+        }),
+}
+
+# SoC family prefixes that share a profile (assumption: same silicon, different bins/packaging).
+_FAMILIES = {"Ascend310P": "Ascend310P3", "Ascend910B": "Ascend910B"}
+
+
+def get_soc_profile(soc: "str | SocProfile | os.PathLike") -> SocProfile:
+    """Resolve a SoC name, a :class:`SocProfile` or a JSON file path to a profile.
+
+    >>> get_soc_profile("Ascend910B3").name
+    'Ascend910B'
+    """
+    if isinstance(soc, SocProfile):
+        return soc
+    text = os.fspath(soc)
+    if text.lower().endswith(".json") or os.sep in text:
+        try:
+            with open(text, encoding="utf-8") as f:
+                d = json.load(f)
+        except OSError as e:
+            raise InputError(f"cannot read SoC profile {text}: {e.strerror}") from None
+        except json.JSONDecodeError as e:
+            raise InputError(f"SoC profile {text}: not JSON ({e.msg} at line {e.lineno})") from None
+        if not isinstance(d, dict) or "name" not in d:
+            raise InputError(f"SoC profile {text}: expected a JSON object with a 'name'",
+                             hint='example: {"name": "my310P", "base": "Ascend310P3", '
+                                  '"bandwidth_gbps": 150}')
+        try:
+            return SocProfile.from_dict(d)
+        except TypeError as e:
+            raise InputError(f"SoC profile {text}: {e}") from None
+    if text in SOC_PROFILES:
+        return SOC_PROFILES[text]
+    for prefix, name in _FAMILIES.items():
+        if text.startswith(prefix):
+            return SOC_PROFILES[name]
+    raise InputError(f"no cost profile for SoC {text!r}",
+                     hint=f"known: {', '.join(SOC_PROFILES)}; or pass a SocProfile / JSON file")
+
+
+def _dtype_name(dtype: Any) -> str:
+    try:
+        return np.dtype(dtype).name
+    except TypeError:
+        return str(dtype)
+
+
+def _itemsize(dtype: Any) -> int:
+    try:
+        return np.dtype(dtype).itemsize
+    except TypeError:
+        return 2
+
+
+# ---------------------------------------------------------------------------------------------
+# Work per op
+
+@dataclasses.dataclass(frozen=True)
+class OpWork:
+    """What one op does: floating/integer operations, bytes read and written, and the unit.
+
+    ``unit`` is ``"cube"`` (matrix unit), ``"vector"`` or ``"none"`` (a view: no kernel).
+    """
+
+    flops: float
+    bytes_in: int
+    bytes_out: int
+    unit: str
+
+    @property
+    def nbytes(self) -> int:
+        return self.bytes_in + self.bytes_out
+
+
+VIEW_OPS = frozenset({
+    "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Shape", "Size", "Constant",
+    "ConstantOfShape", "Dropout", "Optional", "OptionalGetElement"})
+
+# Per-output-element operation counts for elementwise ops (transcendentals cost a few vector
+# instructions each: assumption).
+_ELEMENTWISE = {
+    **dict.fromkeys(["Add", "Sub", "Mul", "Div", "Neg", "Abs", "Relu", "Max", "Min", "Equal",
+                     "Less", "Greater", "LessOrEqual", "GreaterOrEqual", "And", "Or", "Xor", "Not",
+                     "Where", "Cast", "Floor", "Ceil", "Round", "Sign", "Mod", "Clip",
+                     "LeakyRelu", "PRelu", "ThresholdedRelu", "BitShift", "IsNaN", "IsInf",
+                     "CastLike", "Reciprocal", "Sum", "Mean"], 1.0),
+    **dict.fromkeys(["HardSigmoid", "HardSwish", "Selu", "Elu", "Celu", "Shrink"], 3.0),
+    **dict.fromkeys(["Sqrt", "Pow"], 4.0),
+    **dict.fromkeys(["Exp", "Log", "Sigmoid", "Tanh", "Softplus", "Softsign", "Sin", "Cos",
+                     "Tan", "Asin", "Acos", "Atan", "Sinh", "Cosh", "Asinh", "Acosh", "Atanh"],
+                    8.0),
+    **dict.fromkeys(["Erf", "Gelu", "Mish"], 12.0),
+}
+
+_REDUCE = {"ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL1",
+           "ReduceL2", "ReduceLogSum", "ReduceLogSumExp", "ReduceSumSquare", "ArgMax", "ArgMin"}
+
+_MOVE = {"Transpose", "Concat", "Split", "Slice", "Gather", "GatherElements", "GatherND", "Pad",
+         "Tile", "Expand", "ScatterND", "ScatterElements", "DepthToSpace", "SpaceToDepth",
+         "ReverseSequence", "Compress", "Trilu"}
+
+
+_PARTIAL_READ = {"Gather", "GatherElements", "GatherND", "Slice", "Compress"}
+
+
+def _attr(node, name: str, default: Any = None) -> Any:
+    import onnx
+
+    for a in node.attribute:
+        if a.name == name:
+            return onnx.helper.get_attribute_value(a)
+    return default
+
+
+def _numel(shape: Sequence[int]) -> int:
+    n = 1
+    for d in shape:
+        n *= int(d)
+    return n
+
+
+class _Tensors:
+    """Shape/dtype lookup for one node, with errors that name the node and tensor."""
+
+    def __init__(self, node, shapes: Mapping[str, Sequence[int]], dtypes: Mapping[str, Any]):
+        self.node, self.shapes, self.dtypes = node, shapes, dtypes
+        self.label = f"{node.op_type} node {node.name or '<unnamed>'!r}"
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        shp = self.shapes.get(name)
+        if shp is None:
+            raise InputError(f"cost model: {self.label}: no shape for tensor {name!r}",
+                             hint="run shape inference with fixed input shapes (--input-shape)")
+        shp = tuple(int(d) for d in shp)
+        if any(d < 0 for d in shp):
+            raise InputError(f"cost model: {self.label}: tensor {name!r} has a dynamic shape {shp}",
+                             hint="fix the dynamic dimensions with --input-shape")
+        return shp
+
+    def nbytes(self, name: str) -> int:
+        dt = self.dtypes.get(name)
+        size = _itemsize(dt) if dt is not None else 4
+        return _numel(self.shape(name)) * size
+
+    def inputs(self) -> list[str]:
+        return [n for n in self.node.input if n]
+
+    def outputs(self) -> list[str]:
+        return [n for n in self.node.output if n]
+
+
+def _conv_flops(t: _Tensors, transpose: bool) -> float:
+    node = t.node
+    x = t.shape(node.input[0])
+    w = t.shape(node.input[1])
+    y = t.shape(node.output[0])
+    group = int(_attr(node, "group", 1))
+    kernel = _numel(w[2:])
+    if not transpose:
+        # y[n, m, *out] = sum over C/g input channels and the kernel window
+        macs = _numel(y) * w[1] * kernel
+    else:
+        # every input element scatters into M/g output channels over the kernel window
+        macs = _numel(x) * w[1] * kernel
+    del group  # the weight shape already carries C/g (Conv) or M/g (ConvTranspose)
+    bias = _numel(y) if len(node.input) > 2 and node.input[2] else 0
+    return 2.0 * macs + bias
+
+
+def _matmul_flops(t: _Tensors) -> float:
+    a = t.shape(t.node.input[0])
+    y = t.shape(t.node.output[0])
+    k = a[-1] if a else 1
+    return 2.0 * _numel(y) * k
+
+
+def _gemm_flops(t: _Tensors) -> float:
+    a = t.shape(t.node.input[0])
+    y = t.shape(t.node.output[0])
+    k = a[0] if _attr(t.node, "transA", 0) else a[-1]
+    extra = _numel(y) if len(t.node.input) > 2 and t.node.input[2] else 0
+    return 2.0 * _numel(y) * k + extra
+
+
+def _rnn_flops(t: _Tensors, gates: int) -> float:
+    node = t.node
+    x = t.shape(node.input[0])
+    w = t.shape(node.input[1])          # [dirs, gates*H, input]
+    layout = int(_attr(node, "layout", 0))
+    seq, batch = (x[0], x[1]) if layout == 0 else (x[1], x[0])
+    dirs, gh, inp = w
+    hidden = gh // gates
+    gemm = 2.0 * gh * (inp + hidden)
+    pointwise = 10.0 * hidden          # gate activations and state update (assumption)
+    return dirs * seq * batch * (gemm + pointwise)
+
+
+def op_work(node, shapes: Mapping[str, Sequence[int]], dtypes: Mapping[str, Any]) -> OpWork:
+    """Operations and bytes of one ONNX node, and the unit that would run it.
+
+    ``shapes``/``dtypes`` map tensor names (inputs, outputs and initializers) to static shapes and
+    numpy dtypes. Unknown op types are estimated as vector work moving their inputs and outputs.
+
+    >>> import onnx.helper as h
+    >>> node = h.make_node("MatMul", ["a", "b"], ["y"])
+    >>> w = op_work(node, {"a": (128, 384), "b": (384, 384), "y": (128, 384)},
+    ...             dict.fromkeys("aby", np.dtype("float16")))
+    >>> w.flops == 2 * 128 * 384 * 384, w.unit
+    (True, 'cube')
+    """
+    op = node.op_type
+    if op in VIEW_OPS:
+        return OpWork(0.0, 0, 0, "none")
+    t = _Tensors(node, shapes, dtypes)
+    bytes_out = sum(t.nbytes(n) for n in t.outputs())
+    if op in _PARTIAL_READ:
+        # Only the selected elements of the data input are read (an embedding Gather reads a
+        # few rows of a large table), plus the index/parameter inputs.
+        bytes_in = bytes_out + sum(t.nbytes(n) for n in t.inputs()[1:])
+    else:
+        bytes_in = sum(t.nbytes(n) for n in t.inputs())
+    out_elems = sum(_numel(t.shape(n)) for n in t.outputs())
+    unit = "vector"
+    if op == "Conv":
+        flops, unit = _conv_flops(t, transpose=False), "cube"
+    elif op == "ConvTranspose":
+        flops, unit = _conv_flops(t, transpose=True), "cube"
+    elif op in ("MatMul", "MatMulInteger", "QLinearMatMul"):
+        flops, unit = _matmul_flops(t), "cube"
+    elif op == "Gemm":
+        flops, unit = _gemm_flops(t), "cube"
+    elif op == "LSTM":
+        flops, unit = _rnn_flops(t, 4), "cube"
+    elif op == "GRU":
+        flops, unit = _rnn_flops(t, 3), "cube"
+    elif op == "RNN":
+        flops, unit = _rnn_flops(t, 1), "cube"
+    elif op in ("BatchNormalization", "InstanceNormalization"):
+        flops = 2.0 * out_elems
+    elif op in ("LayerNormalization", "GroupNormalization", "LpNormalization",
+                "MeanVarianceNormalization"):
+        flops = 8.0 * out_elems
+    elif op in ("Softmax", "LogSoftmax", "Hardmax"):
+        flops = 5.0 * out_elems
+    elif op in ("MaxPool", "AveragePool", "LpPool"):
+        kernel = _attr(node, "kernel_shape", [1])
+        flops = float(out_elems * _numel(kernel))
+    elif op in ("GlobalAveragePool", "GlobalMaxPool", "GlobalLpPool") or op in _REDUCE:
+        flops = float(_numel(t.shape(node.input[0])))
+    elif op in ("Resize", "Upsample"):
+        mode = _attr(node, "mode", b"nearest")
+        mode = mode.decode() if isinstance(mode, bytes) else str(mode)
+        spatial = max(1, len(t.shape(node.output[0])) - 2)
+        per = 1 if mode == "nearest" else (2 ** spatial) * 2 if mode == "linear" else 4 ** spatial * 2
+        flops = float(out_elems * per)
+    elif op in _ELEMENTWISE:
+        flops = _ELEMENTWISE[op] * out_elems
+    else:  # data movement and unknown ops: bytes only
+        flops = 0.0
+    return OpWork(float(flops), int(bytes_in), int(bytes_out), unit)
+
+
+# ---------------------------------------------------------------------------------------------
+# Time per op
+
+ENGINES = ("AI Core", "AI CPU")
+
+
+def op_time_us(work: OpWork, soc: "str | SocProfile", dtype: Any = "float16",
+               engine: str = "AI Core", operand_format: str | None = None) -> float:
+    """Estimated device time of one op in µs.
+
+    >>> w = OpWork(2 * 1024**3, 3 * 1024 * 1024 * 2, 1024 * 1024 * 2, "cube")
+    >>> round(op_time_us(w, "Ascend310P3"), 1)   # 8 MiB moved: bandwidth-bound on 310P3
+    61.5
+    >>> round(op_time_us(w, "Ascend910B"), 1)    # compute-bound on 910B
+    13.2
+    """
+    p = get_soc_profile(soc)
+    if work.unit == "none":
+        return 0.0
+    if engine == "AI CPU":
+        compute_s = work.flops / (p.aicpu_gflops * 1e9)
+        memory_s = work.nbytes / (p.aicpu_bandwidth_gbps * 1e9)
+        return p.aicpu_launch_us + 1e6 * max(compute_s, memory_s)
+    if engine != "AI Core":
+        raise InputError(f"cost model: unknown engine {engine!r}", hint="use 'AI Core' or 'AI CPU'")
+    bw = p.bandwidth_gbps * 1e9 * p.bw_efficiency
+    if work.unit == "cube":
+        compute_s = work.flops / (p.cube_peak_flops(dtype) * p.cube_efficiency)
+        if operand_format is not None and operand_format.upper() == "ND":
+            memory_s = (work.bytes_in / (p.bandwidth_gbps * 1e9 * p.nd_load_efficiency)
+                        + work.bytes_out / bw)
+        else:
+            memory_s = work.nbytes / bw
+    elif work.unit == "vector":
+        compute_s = work.flops / (p.vector_peak_flops(dtype) * p.vector_efficiency)
+        memory_s = work.nbytes / bw
+    else:
+        raise InputError(f"cost model: unknown unit {work.unit!r}",
+                         hint="use 'cube', 'vector' or 'none'")
+    return p.launch_us + 1e6 * max(compute_s, memory_s)
+
+
+def transdata_time_us(nbytes: int, src_format: str, dst_format: str, soc: "str | SocProfile",
+                      dst_nbytes: int | None = None) -> float:
+    """Estimated time of one TransData (layout conversion) on AI Core, in µs.
+
+    ``nbytes`` is the stored size of the source, ``dst_nbytes`` of the result (padding to C0 or 16
+    can make it larger; default: same as the source). The formats label the conversion; the model
+    charges a launch plus reading and writing every byte at the transpose bandwidth.
+
+    >>> round(transdata_time_us(1 * 64 * 56 * 56 * 2, "NCHW", "NC1HWC0", "Ascend310P3"), 1)
+    10.8
+    """
+    p = get_soc_profile(soc)
+    if nbytes < 0 or (dst_nbytes is not None and dst_nbytes < 0):
+        raise InputError(f"cost model: TransData {src_format}->{dst_format} with negative size")
+    moved = nbytes + (nbytes if dst_nbytes is None else dst_nbytes)
+    return p.launch_us + 1e6 * moved / (p.bandwidth_gbps * 1e9 * p.transdata_efficiency)
+
+
+# ---------------------------------------------------------------------------------------------
+# Whole-model estimate
+
+@dataclasses.dataclass(frozen=True)
+class EstimatedOp:
+    """An op to estimate: its work, compute dtype, engine and (for cube ops) operand format."""
+
+    name: str
+    op_type: str
+    work: OpWork
+    dtype: str = "float16"
+    engine: str = "AI Core"
+    operand_format: str | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class EstimatedTransData:
+    """A planned layout conversion: stored bytes before and (optionally) after."""
+
+    name: str
+    src_format: str
+    dst_format: str
+    nbytes: int
+    dst_nbytes: int | None = None
+
+
+@dataclasses.dataclass
+class OpEstimate:
+    name: str
+    op_type: str
+    engine: str
+    unit: str
+    flops: float
+    bytes: int
+    est_us: float
+
+
+@dataclasses.dataclass
+class TransDataEstimate:
+    name: str
+    src_format: str
+    dst_format: str
+    nbytes: int
+    est_us: float
+
+
+@dataclasses.dataclass
+class CostReport(Result):
+    """Estimated per-op device times and the FormatTrans share (a model, not a measurement).
+
+    ``bool(report)`` is True when the estimated FormatTrans share is within the threshold.
+    """
+
+    SCHEMA: ClassVar[str] = "npu-deploy/cost-estimate"
+    SCHEMA_VERSION: ClassVar[int] = 1
+
+    soc: str
+    profile: dict
+    ops: list[OpEstimate]
+    transdata: list[TransDataEstimate]
+    compute_us: float
+    formattrans_us: float
+    total_us: float
+    formattrans_share: float
+    threshold: float = FORMATTRANS_THRESHOLD
+    estimated: bool = True
+
+    @property
+    def flagged(self) -> bool:
+        return self.formattrans_share > self.threshold
+
+    def __bool__(self) -> bool:
+        return not self.flagged
+
+    def top_ops(self, n: int = 10) -> list[OpEstimate]:
+        """The ``n`` ops with the largest estimated time."""
+        return sorted(self.ops, key=lambda o: -o.est_us)[:n]
+
+    def manifest_summary(self) -> dict[str, Any]:
+        """The bundle manifest's ``cost`` entry."""
+        return {"estimated": True, "soc": self.soc, "total_us": self.total_us,
+                "formattrans_share": self.formattrans_share,
+                "est_us": {o.name: o.est_us for o in self.ops}}
+
+    def verdict(self) -> str:
+        state = "flagged" if self.flagged else "ok"
+        return (f"estimated on {self.soc} (cost model, not a measurement): "
+                f"{self.total_us / 1000:.3f} ms per inference, FormatTrans "
+                f"{100 * self.formattrans_share:.1f} % ({len(self.transdata)} TransData, "
+                f"threshold {100 * self.threshold:.0f} %) — {state}")
+
+    def to_dict(self) -> dict:
+        d = super().to_dict()
+        d["flagged"] = self.flagged
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "CostReport":
+        return cls(soc=d["soc"], profile=d["profile"],
+                   ops=[OpEstimate(**o) for o in d["ops"]],
+                   transdata=[TransDataEstimate(**t) for t in d["transdata"]],
+                   compute_us=d["compute_us"], formattrans_us=d["formattrans_us"],
+                   total_us=d["total_us"], formattrans_share=d["formattrans_share"],
+                   threshold=d.get("threshold", FORMATTRANS_THRESHOLD))
+
+
+def _as_transdata(t: Any) -> EstimatedTransData:
+    if isinstance(t, EstimatedTransData):
+        return t
+    if isinstance(t, Mapping):
+        try:
+            nbytes = t["nbytes"] if "nbytes" in t else t["bytes"]
+            return EstimatedTransData(str(t.get("name", "")), str(t["src_format"]),
+                                      str(t["dst_format"]), int(nbytes), t.get("dst_nbytes"))
+        except KeyError as e:
+            raise InputError(f"cost model: TransData entry {dict(t)!r} has no {e.args[0]!r}") from None
+    raise InputError(f"cost model: cannot read TransData entry {t!r}")
+
+
+def estimate(ops: Iterable[EstimatedOp], transdata: Iterable[Any] = (), soc: Any = "Ascend310P3",
+             *, soc_profile: "SocProfile | str | os.PathLike | None" = None,
+             threshold: float = FORMATTRANS_THRESHOLD) -> CostReport:
+    """Estimate every op and TransData and the FormatTrans share of the estimated total.
+
+    ``soc_profile`` (a :class:`SocProfile` or a JSON path) overrides the built-in profile of ``soc``.
+
+    >>> r = estimate([EstimatedOp("relu", "Relu", OpWork(1e6, 2e6, 2e6, "vector"))], [],
+    ...              "Ascend910B")
+    >>> r.formattrans_share, bool(r)
+    (0.0, True)
+    """
+    p = get_soc_profile(soc_profile if soc_profile is not None else soc)
+    op_rows = []
+    for o in ops:
+        if o.engine not in ENGINES:
+            raise InputError(f"cost model: op {o.name!r} has engine {o.engine!r}",
+                             hint="use 'AI Core' or 'AI CPU' (unsupported ops cannot be estimated)")
+        us = op_time_us(o.work, p, o.dtype, o.engine, o.operand_format)
+        op_rows.append(OpEstimate(o.name, o.op_type, o.engine, o.work.unit, o.work.flops,
+                                  o.work.nbytes, us))
+    td_rows = []
+    for t in map(_as_transdata, transdata):
+        us = transdata_time_us(t.nbytes, t.src_format, t.dst_format, p, t.dst_nbytes)
+        td_rows.append(TransDataEstimate(t.name, t.src_format, t.dst_format, t.nbytes, us))
+    compute = sum(r.est_us for r in op_rows)
+    trans = sum(r.est_us for r in td_rows)
+    total = compute + trans
+    share = trans / total if total > 0 else 0.0
+    soc_name = soc if isinstance(soc, str) and soc_profile is None else p.name
+    return CostReport(soc=str(soc_name), profile=p.to_dict(), ops=op_rows, transdata=td_rows,
+                      compute_us=compute, formattrans_us=trans, total_us=total,
+                      formattrans_share=share, threshold=threshold)
+
+
+def tensor_types(model) -> tuple[dict[str, tuple[int, ...]], dict[str, np.dtype]]:
+    """Shapes (-1 for unknown dims) and numpy dtypes of every typed tensor of a shape-inferred model."""
+    from onnx import helper
+
+    shapes: dict[str, tuple[int, ...]] = {}
+    dtypes: dict[str, np.dtype] = {}
+    g = model.graph
+    for vi in list(g.input) + list(g.value_info) + list(g.output):
+        tt = vi.type.tensor_type
+        if not tt.HasField("elem_type") or not tt.elem_type:
+            continue
+        dtypes[vi.name] = np.dtype(helper.tensor_dtype_to_np_dtype(tt.elem_type))
+        if tt.HasField("shape"):
+            shapes[vi.name] = tuple(d.dim_value if d.HasField("dim_value") else -1
+                                    for d in tt.shape.dim)
+    for init in g.initializer:
+        shapes[init.name] = tuple(init.dims)
+        dtypes[init.name] = np.dtype(helper.tensor_dtype_to_np_dtype(init.data_type))
+    for node in g.node:
+        if node.op_type == "Constant" and node.output:
+            value = _attr(node, "value")
+            if value is not None and hasattr(value, "dims"):
+                shapes[node.output[0]] = tuple(value.dims)
+                dtypes[node.output[0]] = np.dtype(helper.tensor_dtype_to_np_dtype(value.data_type))
+    return shapes, dtypes
+
+
+def _load(model) -> Any:
+    import onnx
+
+    if isinstance(model, onnx.ModelProto):
+        return model
+    try:
+        return onnx.load(str(model))
+    except (OSError, onnx.onnx_cpp2py_export.checker.ValidationError) as e:
+        raise ModelError(f"cannot load ONNX model {model}: {e}") from None
+    except Exception as e:  # protobuf DecodeError and friends
+        raise ModelError(f"{model}: not an ONNX model ({type(e).__name__})",
+                         hint="check the file is a .onnx export") from None
+
+
+def _fix_inputs(model, input_shapes: Mapping[str, Sequence[int]] | None):
+    import onnx
+
+    model = onnx.ModelProto.FromString(model.SerializeToString())
+    inits = {i.name for i in model.graph.initializer}
+    given = dict(input_shapes or {})
+    unknown = set(given) - {vi.name for vi in model.graph.input if vi.name not in inits}
+    if unknown:
+        raise InputError(f"input_shapes names unknown input(s) {', '.join(sorted(unknown))}",
+                         hint="use the model's input names")
+    for vi in model.graph.input:
+        if vi.name in inits:
+            continue
+        dims = vi.type.tensor_type.shape.dim
+        if vi.name in given:
+            shape = tuple(given.pop(vi.name))
+            if len(shape) != len(dims):
+                raise InputError(f"input {vi.name!r}: shape {shape} has rank {len(shape)}, the model "
+                                 f"expects rank {len(dims)}")
+            for d, v in zip(dims, shape):
+                d.Clear()
+                d.dim_value = int(v)
+        if any(not d.HasField("dim_value") or d.dim_value < 0 for d in dims):
+            raise InputError(f"input {vi.name!r} has dynamic dimensions; the cost model needs "
+                             f"fixed shapes", hint=f"pass input_shapes={{{vi.name!r}: (...)}}")
+    return onnx.shape_inference.infer_shapes(model, data_prop=True)
+
+
+def _run_for_shapes(model, missing: set[str], shapes: dict, dtypes: dict) -> None:
+    """Fill shapes that static inference could not resolve (data-dependent Reshape targets…) by
+    running onnxruntime once on placeholder inputs with the missing tensors exposed as outputs."""
+    import onnx
+    import onnxruntime as ort
+
+    m = onnx.ModelProto.FromString(model.SerializeToString())
+    wanted = [n for node in m.graph.node for n in node.output if n in missing]
+    for name in wanted:
+        m.graph.output.append(onnx.ValueInfoProto(name=name))
+    opts = ort.SessionOptions()
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    opts.log_severity_level = 3
+    try:
+        sess = ort.InferenceSession(m.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+        feeds = {}
+        rng = np.random.default_rng(0)
+        for i in sess.get_inputs():
+            shape = shapes[i.name]
+            dt = dtypes[i.name]
+            feeds[i.name] = (rng.random(shape).astype(dt) if dt.kind == "f"
+                             else np.zeros(shape, dtype=dt))
+        values = sess.run(wanted, feeds)
+    except Exception as e:  # onnxruntime raises its own exception types
+        raise ModelError(f"cost model: could not resolve the shapes of {len(wanted)} tensors "
+                         f"(first: {wanted[0]!r}) by running the model once: "
+                         f"{str(e).splitlines()[0][:200]}",
+                         hint="fix the input shapes or simplify the model (onnxsim)") from None
+    for name, v in zip(wanted, values):
+        v = np.asarray(v)
+        shapes[name] = tuple(v.shape)
+        dtypes[name] = v.dtype
+
+
+def _complete_types(m, *, only_kernels: bool) -> tuple[dict, dict]:
+    shapes, dtypes = tensor_types(m)
+    missing = {n for node in m.graph.node if not (only_kernels and node.op_type in VIEW_OPS)
+               for n in list(node.input) + list(node.output)
+               if n and (n not in shapes or any(d < 0 for d in shapes[n]) or n not in dtypes)}
+    if missing:
+        _run_for_shapes(m, missing, shapes, dtypes)
+    return shapes, dtypes
+
+
+def model_tensor_types(model, *, input_shapes: Mapping[str, Sequence[int]] | None = None
+                       ) -> tuple[dict[str, tuple[int, ...]], dict[str, np.dtype]]:
+    """Static shapes and dtypes of every tensor of an ONNX model (path or ModelProto) once its
+    inputs are fixed: onnx shape inference first, then one onnxruntime run for what it leaves open.
+
+    >>> import onnx.helper as h
+    >>> g = h.make_graph([h.make_node("Relu", ["x"], ["y"])], "g",
+    ...                  [h.make_tensor_value_info("x", 1, ["n", 4])],
+    ...                  [h.make_tensor_value_info("y", 1, ["n", 4])])
+    >>> shapes, dtypes = model_tensor_types(h.make_model(g), input_shapes={"x": (2, 4)})
+    >>> shapes["y"], dtypes["y"].name
+    ((2, 4), 'float32')
+    """
+    return _complete_types(_fix_inputs(_load(model), input_shapes), only_kernels=False)
+
+
+def _device_dtypes(dtypes: dict[str, np.dtype], dtype: Any) -> dict[str, np.dtype]:
+    """Float tensors are stored in the compute dtype on the device (ATC's default force_fp16)."""
+    compute = np.dtype(_dtype_name(dtype)) if _dtype_name(dtype) in np.sctypeDict else None
+    if compute is None or compute.kind != "f":
+        return dtypes
+    return {k: (compute if v.kind == "f" else v) for k, v in dtypes.items()}
+
+
+def model_ops(model, *, input_shapes: Mapping[str, Sequence[int]] | None = None,
+              dtype: Any = "float16") -> list[EstimatedOp]:
+    """One :class:`EstimatedOp` per node of an ONNX model (AI Core, compute ``dtype``).
+
+    Shapes come from onnx shape inference on the fixed input shapes; tensors it leaves unknown
+    are measured by running the model once in onnxruntime. Float tensors are counted at the size
+    of the compute dtype (fp32 models run as fp16 under ATC's default ``force_fp16``).
+    """
+    m = _fix_inputs(_load(model), input_shapes)
+    shapes, dtypes = _complete_types(m, only_kernels=True)
+    dev = _device_dtypes(dtypes, dtype)
+    return [EstimatedOp(node.name or f"{node.op_type}_{i}", node.op_type,
+                        op_work(node, shapes, dev), _dtype_name(dtype))
+            for i, node in enumerate(m.graph.node)]
+
+
+def estimate_model(model, soc: Any = "Ascend310P3", *,
+                   input_shapes: Mapping[str, Sequence[int]] | None = None, dtype: Any = "float16",
+                   soc_profile: "SocProfile | str | os.PathLike | None" = None) -> CostReport:
+    """Estimate a whole ONNX model on AI Core without layout conversions (a baseline).
+
+    >>> import onnx.helper as h
+    >>> g = h.make_graph([h.make_node("Relu", ["x"], ["y"])], "g",
+    ...                  [h.make_tensor_value_info("x", 1, [1, 64, 56, 56])],
+    ...                  [h.make_tensor_value_info("y", 1, [1, 64, 56, 56])])
+    >>> r = estimate_model(h.make_model(g), "Ascend310P3")
+    >>> r.ops[0].bytes == 2 * 64 * 56 * 56 * 2   # fp32 counted as fp16 (force_fp16)
+    True
+    """
+    return estimate(model_ops(model, input_shapes=input_shapes, dtype=dtype), (), soc,
+                    soc_profile=soc_profile)

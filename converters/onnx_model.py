@@ -1,0 +1,485 @@
+"""Load and validate an ONNX model for conversion: checks, fixed shapes, dynamic gears, lazy weights.
+
+``load_model`` does, in order: read the protobuf without external data; check every external-data
+reference (file present, inside the model's folder, long enough); run ``onnx.checker`` (full check);
+apply the user's input shapes (``--input-shape``) and dynamic gears (``--dynamic-batch`` /
+``--dynamic-dims``) and refuse dynamic dimensions nothing fixes; infer every tensor's shape at the
+largest gear (ONNX shape inference, then — for shapes that depend on values, e.g. ``Shape → Reshape``
+chains — one onnxruntime run of the model on zeros). Weights are never all loaded: ``constant_array``
+reads one initializer (inline or external) or one ``Constant`` node value at a time.
+
+>>> import numpy as np, onnx, tempfile, os
+>>> from onnx import helper, TensorProto
+>>> g = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g",
+...     [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])],
+...     [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4])])
+>>> path = os.path.join(tempfile.mkdtemp(), "m.onnx")
+>>> onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), path)
+>>> m = load_model(path, input_shapes={"x": (2, 4)})
+>>> m.inputs[0].shape, m.shapes["y"], m.opset
+((2, 4), (2, 4), 17)
+>>> load_model(path, dynamic_batch=[1, 8]).gears
+[{'x': (1, 4)}, {'x': (8, 4)}]
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+from typing import Iterable, Mapping, Sequence
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+from npu_deploy.errors import InputError, ModelError
+
+Shape = tuple[int, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class TensorInfo:
+    """A graph input or output: ``shape`` uses -1 for a dynamic dimension, ``dim_names`` its symbol."""
+
+    name: str
+    dtype: np.dtype
+    shape: Shape
+    dim_names: tuple[str | None, ...]
+
+    @property
+    def is_dynamic(self) -> bool:
+        return any(d < 0 for d in self.shape)
+
+
+@dataclasses.dataclass(frozen=True)
+class ConstantRef:
+    """Where a constant tensor's value lives: a graph initializer or a ``Constant`` node's ``value``."""
+
+    name: str
+    dtype: np.dtype
+    shape: Shape
+    kind: str  # "initializer" | "constant_node"
+    node_name: str | None = None
+    external: bool = False
+
+    @property
+    def nbytes(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
+
+
+@dataclasses.dataclass
+class LoadedModel:
+    """A checked model: ``model`` has the user's shapes applied and shapes inferred (weights not loaded
+    when they are external). ``shapes``/``dtypes`` give every tensor at the largest gear."""
+
+    model: onnx.ModelProto
+    path: Path
+    inputs: list[TensorInfo]
+    outputs: list[TensorInfo]
+    opset: int
+    gears: list[dict[str, Shape]]
+    dynamic_mode: str | None
+    shapes: dict[str, Shape]
+    dtypes: dict[str, np.dtype]
+    constants: dict[str, ConstantRef]
+
+    @property
+    def graph(self) -> onnx.GraphProto:
+        return self.model.graph
+
+    def nbytes(self, name: str) -> int:
+        """Logical bytes of tensor ``name`` at the largest gear."""
+        return int(np.prod(self.shapes[name], dtype=np.int64)) * np.dtype(self.dtypes[name]).itemsize
+
+    def constant_array(self, name: str) -> np.ndarray:
+        """The value of constant ``name``, read now (external data is read from disk for this tensor
+        only, bounds-checked)."""
+        ref = self.constants[name]
+        tensor = self._tensor_proto(ref)
+        if ref.external:
+            return _read_external(tensor, self.path.parent, ref)
+        arr = numpy_helper.to_array(tensor)
+        return arr.reshape(ref.shape)
+
+    def _tensor_proto(self, ref: ConstantRef) -> onnx.TensorProto:
+        index = self.__dict__.get("_proto_index")
+        if index is None:
+            index = {t.name: t for t in self.model.graph.initializer}
+            for n in self.model.graph.node:
+                if n.op_type == "Constant" and n.attribute and n.attribute[0].type == onnx.AttributeProto.TENSOR:
+                    index[n.output[0]] = n.attribute[0].t
+            self.__dict__["_proto_index"] = index
+        try:
+            return index[ref.name]
+        except KeyError:
+            raise ModelError(f"{self.path}: constant {ref.name!r} vanished from the graph") from None
+
+
+def _np_dtype(elem_type: int) -> np.dtype:
+    try:
+        return np.dtype(helper.tensor_dtype_to_np_dtype(elem_type))
+    except Exception:
+        return np.dtype("V1")  # unknown element type; support checks report it
+
+
+def _external_info(t: onnx.TensorProto) -> dict[str, str]:
+    return {e.key: e.value for e in t.external_data}
+
+
+def _read_external(t: onnx.TensorProto, base: Path, ref: ConstantRef) -> np.ndarray:
+    info = _external_info(t)
+    file = _external_file(base, info.get("location", ""), t.name)
+    offset = int(info.get("offset", 0))
+    length = int(info.get("length", ref.nbytes))
+    if length != ref.nbytes:
+        raise ModelError(f"external data of {t.name!r}: length {length} does not match its shape "
+                         f"{ref.shape} of {ref.dtype} ({ref.nbytes} bytes)", hint="re-export the model")
+    out = np.empty(ref.shape, dtype=ref.dtype)
+    with open(file, "rb") as f:
+        f.seek(offset)
+        got = f.readinto(memoryview(out.reshape(-1).view(np.uint8)))
+    if got != ref.nbytes:
+        raise ModelError(f"external data of {t.name!r} in {file} is truncated ({got} of {ref.nbytes} bytes)",
+                         hint="copy the complete data file next to the model")
+    return out
+
+
+def _external_file(base: Path, location: str, tensor: str) -> Path:
+    if not location or os.path.isabs(location):
+        raise ModelError(f"tensor {tensor!r}: external data location {location!r} must be a relative path",
+                         hint="keep external data files next to the model")
+    file = (base / location).resolve()
+    if base.resolve() not in file.parents:
+        raise ModelError(f"tensor {tensor!r}: external data location {location!r} points outside the "
+                         f"model's folder", hint="keep external data files next to the model")
+    return file
+
+
+def _parse_dynamic_dims(dynamic_dims) -> list[tuple[int, ...]]:
+    if dynamic_dims is None:
+        return []
+    if isinstance(dynamic_dims, str):
+        out = []
+        for gear in dynamic_dims.split(";"):
+            if gear.strip():
+                try:
+                    out.append(tuple(int(v) for v in gear.split(",")))
+                except ValueError:
+                    raise InputError(f"--dynamic-dims: {gear!r} is not a comma-separated list of integers",
+                                     hint='example: --dynamic-dims "1,224;4,448"') from None
+        return out
+    return [tuple(int(v) for v in g) for g in dynamic_dims]
+
+
+def load_model(path: str | os.PathLike, *, input_shapes: Mapping[str, Sequence[int]] | None = None,
+               dynamic_batch: Sequence[int] | None = None, dynamic_dims=None,
+               check: bool = True) -> LoadedModel:
+    """Load, check and shape an ONNX model (see the module docstring). Raises ``ModelError`` /
+    ``InputError`` (exit 2) with one line naming the file, tensor or input and the flag to use."""
+    p = Path(path)
+    if not p.exists():
+        raise ModelError(f"{p}: no such file", hint="check the model path")
+    if p.is_dir():
+        raise ModelError(f"{p}: is a folder, not an ONNX file")
+    try:
+        model = onnx.load(str(p), load_external_data=False)
+    except Exception as e:  # protobuf DecodeError, or onnx's own errors
+        raise ModelError(f"{p}: not an ONNX model (protobuf parse failed: {str(e).splitlines()[0][:120]})",
+                         hint="check the file is a complete .onnx export") from None
+    if not model.HasField("graph") or model.ir_version <= 0:
+        raise ModelError(f"{p}: not an ONNX model (no graph or IR version)",
+                         hint="check the file is a complete .onnx export")
+    _check_external(model, p)
+    if check:
+        try:
+            onnx.checker.check_model(str(p), full_check=True)
+        except onnx.checker.ValidationError as e:
+            raise ModelError(f"{p}: invalid ONNX model: {_first_line(e)}",
+                             hint="fix the export (onnx.checker rejects it)") from None
+        except Exception as e:  # shape-inference errors raised by full_check
+            raise ModelError(f"{p}: invalid ONNX model: {_first_line(e)}",
+                             hint="fix the export (onnx.checker rejects it)") from None
+    opset = _opset(model)
+    _name_nodes(model.graph)
+
+    init_names = {t.name for t in model.graph.initializer}
+    graph_inputs = [i for i in model.graph.input if i.name not in init_names]
+    input_shapes = {k: tuple(int(d) for d in v) for k, v in (input_shapes or {}).items()}
+    known = [i.name for i in graph_inputs]
+    for name, shape in input_shapes.items():
+        if name not in known:
+            raise ModelError(f"--input-shape names {name!r}, which is not an input of {p.name}",
+                             hint=f"inputs are: {', '.join(known)}")
+    base = {i.name: _vi_shape(i) for i in graph_inputs}
+    fixed: dict[str, Shape] = {}
+    for i in graph_inputs:
+        shape, names = base[i.name]
+        if i.name in input_shapes:
+            user = input_shapes[i.name]
+            if len(user) != len(shape):
+                raise ModelError(f"--input-shape {i.name}:{','.join(map(str, user))} has rank {len(user)}, "
+                                 f"but input {i.name!r} has rank {len(shape)} {_fmt(shape, names)}",
+                                 hint=f"give {len(shape)} dimensions")
+            for k, (u, d) in enumerate(zip(user, shape)):
+                if d >= 0 and u >= 0 and u != d:
+                    raise ModelError(f"--input-shape {i.name}: dimension {k} is {u}, but the model fixes it "
+                                     f"to {d} {_fmt(shape, names)}", hint="use the model's value")
+            shape = user
+        fixed[i.name] = shape
+
+    gears, mode = _gears(fixed, dynamic_batch, _parse_dynamic_dims(dynamic_dims))
+    for i in graph_inputs:
+        if any(d < 0 for d in fixed[i.name]) and not gears:
+            shape, names = base[i.name]
+            example = ",".join(str(d) if d >= 0 else "1" for d in fixed[i.name])
+            raise ModelError(f"input {i.name!r} of {p.name} has dynamic dimensions {_fmt(shape, names)}",
+                             hint=f"fix them with --input-shape \"{i.name}:{example}\" "
+                                  f"(or give gears with --dynamic-batch / --dynamic-dims)")
+
+    # The model as the bundle keeps it: user shapes applied, gear dims left symbolic.
+    for i in graph_inputs:
+        _set_shape(i, fixed[i.name], base[i.name][1])
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model, strict_mode=True, data_prop=True)
+    except Exception as e:
+        raise ModelError(f"{p}: shape inference failed with the given input shapes: {_first_line(e)}",
+                         hint="check --input-shape values") from None
+
+    largest = max(gears, key=lambda g: sum(int(np.prod(s)) for s in g.values())) if gears else fixed
+    shapes, dtypes = _all_shapes(inferred, p, largest)
+    constants = _constants(inferred)
+    inputs = [_info(i, fixed[i.name], base[i.name][1]) for i in graph_inputs]
+    outputs = []
+    for o in inferred.graph.output:
+        s, names = _vi_shape(o)
+        outputs.append(TensorInfo(o.name, _np_dtype(o.type.tensor_type.elem_type), s, names))
+    return LoadedModel(inferred, p, inputs, outputs, opset, gears, mode, shapes, dtypes, constants)
+
+
+def _name_nodes(graph: onnx.GraphProto) -> None:
+    """Give every node a unique name (``<op_type>_<index>`` for unnamed ones): reports and the bundle
+    manifest key nodes by name. Names carry no semantics in ONNX."""
+    seen: set[str] = set()
+    for k, n in enumerate(graph.node):
+        name = n.name or f"{n.op_type}_{k}"
+        while name in seen:
+            name = f"{name}_{k}"
+        n.name = name
+        seen.add(name)
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    line = next((t for t in text if t.strip()), type(e).__name__)
+    return line.strip()[:300]
+
+
+def _opset(model: onnx.ModelProto) -> int:
+    for o in model.opset_import:
+        if o.domain in ("", "ai.onnx"):
+            return int(o.version)
+    raise ModelError("the model imports no ai.onnx opset", hint="re-export with a standard opset")
+
+
+def _check_external(model: onnx.ModelProto, p: Path) -> None:
+    tensors: Iterable[onnx.TensorProto] = list(model.graph.initializer)
+    for n in model.graph.node:
+        if n.op_type == "Constant":
+            tensors = [*tensors, *(a.t for a in n.attribute if a.type == onnx.AttributeProto.TENSOR)]
+    for t in tensors:
+        if t.data_location != onnx.TensorProto.EXTERNAL:
+            continue
+        info = _external_info(t)
+        file = _external_file(p.parent, info.get("location", ""), t.name)
+        if not file.is_file():
+            raise ModelError(f"{p.name}: external data file {info.get('location')!r} of tensor {t.name!r} "
+                             f"is missing", hint=f"copy it next to the model ({p.parent})")
+        offset = int(info.get("offset", 0))
+        length = info.get("length")
+        itemsize = _np_dtype(t.data_type).itemsize
+        expected = int(np.prod(tuple(t.dims), dtype=np.int64)) * itemsize
+        need = offset + (int(length) if length is not None else expected)
+        if file.stat().st_size < need:
+            raise ModelError(f"{p.name}: external data file {file.name} is too short for tensor {t.name!r} "
+                             f"(needs {need} bytes, has {file.stat().st_size})",
+                             hint="copy the complete data file next to the model")
+
+
+def _vi_shape(vi: onnx.ValueInfoProto) -> tuple[Shape, tuple[str | None, ...]]:
+    tt = vi.type.tensor_type
+    if not tt.HasField("shape"):
+        return (), ()
+    dims, names = [], []
+    for d in tt.shape.dim:
+        if d.HasField("dim_value") and d.dim_value >= 0:
+            dims.append(int(d.dim_value))
+            names.append(None)
+        else:
+            dims.append(-1)
+            names.append(d.dim_param or None)
+    return tuple(dims), tuple(names)
+
+
+def _fmt(shape: Shape, names: Sequence[str | None]) -> str:
+    parts = [str(d) if d >= 0 else (names[k] if k < len(names) and names[k] else "?")
+             for k, d in enumerate(shape)]
+    return "[" + ",".join(parts) + "]"
+
+
+def _set_shape(vi: onnx.ValueInfoProto, shape: Shape, names: Sequence[str | None]) -> None:
+    dims = vi.type.tensor_type.shape.dim
+    for k, (d, v) in enumerate(zip(dims, shape)):
+        if v >= 0:
+            d.Clear()
+            d.dim_value = v
+        elif not d.dim_param:
+            d.Clear()
+            d.dim_param = (names[k] if k < len(names) and names[k] else f"{vi.name}_dim{k}")
+
+
+def _gears(fixed: dict[str, Shape], batch: Sequence[int] | None,
+           dims: list[tuple[int, ...]]) -> tuple[list[dict[str, Shape]], str | None]:
+    if batch and dims:
+        raise InputError("--dynamic-batch and --dynamic-dims cannot be used together",
+                         hint="choose one (ATC accepts only one dynamic mode)")
+    if batch:
+        batch = [int(b) for b in batch]
+        if any(b <= 0 for b in batch) or len(set(batch)) != len(batch):
+            raise InputError(f"--dynamic-batch {','.join(map(str, batch))}: gears must be distinct positive "
+                             f"integers")
+        for name, shape in fixed.items():
+            if any(d < 0 for d in shape[1:]):
+                raise ModelError(f"input {name!r} has dynamic dimensions besides the batch "
+                                 f"{_fmt(shape, ())}: --dynamic-batch covers only dimension 0",
+                                 hint=f"fix the others with --input-shape \"{name}:-1,...\"")
+        if not any(s and s[0] < 0 for s in fixed.values()):
+            raise InputError("--dynamic-batch given, but no input has a dynamic batch dimension",
+                             hint="mark it with -1 in --input-shape (e.g. x:-1,3,224,224)")
+        return [{n: ((b,) + s[1:] if s and s[0] < 0 else s) for n, s in fixed.items()} for b in batch], "batch"
+    if dims:
+        slots = [(n, k) for n, s in fixed.items() for k, d in enumerate(s) if d < 0]
+        if not slots:
+            raise InputError("--dynamic-dims given, but no input dimension is -1",
+                             hint="mark the dynamic dimensions with -1 in --input-shape")
+        gears = []
+        for g in dims:
+            if len(g) != len(slots):
+                raise InputError(f"--dynamic-dims gear {','.join(map(str, g))} has {len(g)} values, but the "
+                                 f"input shapes have {len(slots)} dynamic (-1) dimensions")
+            if any(v <= 0 for v in g):
+                raise InputError(f"--dynamic-dims gear {','.join(map(str, g))}: values must be positive")
+            gear = {n: list(s) for n, s in fixed.items()}
+            for (n, k), v in zip(slots, g):
+                gear[n][k] = v
+            gears.append({n: tuple(s) for n, s in gear.items()})
+        return gears, "dims"
+    return [], None
+
+
+def _info(vi: onnx.ValueInfoProto, shape: Shape, names: Sequence[str | None]) -> TensorInfo:
+    return TensorInfo(vi.name, _np_dtype(vi.type.tensor_type.elem_type), tuple(shape), tuple(names))
+
+
+def _concrete(vi: onnx.ValueInfoProto) -> Shape | None:
+    tt = vi.type.tensor_type
+    if not tt.HasField("shape"):
+        return None
+    dims = []
+    for d in tt.shape.dim:
+        if not d.HasField("dim_value"):
+            return None
+        dims.append(int(d.dim_value))
+    return tuple(dims)
+
+
+def _all_shapes(model: onnx.ModelProto, p: Path,
+                gear: Mapping[str, Shape]) -> tuple[dict[str, Shape], dict[str, np.dtype]]:
+    """Every tensor's concrete shape and dtype at ``gear`` (ONNX inference, then onnxruntime)."""
+    init_names = {t.name for t in model.graph.initializer}
+    if all(gear.get(i.name) == _concrete(i) for i in model.graph.input if i.name not in init_names):
+        m = model  # already inferred at these shapes
+    else:
+        m = onnx.ModelProto()
+        m.CopyFrom(model)
+        for i in m.graph.input:
+            if i.name in gear and i.name not in init_names:
+                _set_shape(i, gear[i.name], ())
+        try:
+            m = onnx.shape_inference.infer_shapes(m, strict_mode=True, data_prop=True)
+        except Exception as e:
+            raise ModelError(f"{p}: shape inference failed at gear {dict(gear)}: {_first_line(e)}",
+                             hint="check --input-shape / gear values") from None
+    shapes: dict[str, Shape] = {}
+    dtypes: dict[str, np.dtype] = {}
+    for vi in [*m.graph.input, *m.graph.value_info, *m.graph.output]:
+        dt = vi.type.tensor_type.elem_type
+        if dt:
+            dtypes[vi.name] = _np_dtype(dt)
+        s = _concrete(vi)
+        if s is not None:
+            shapes[vi.name] = s
+    for t in m.graph.initializer:
+        shapes[t.name] = tuple(int(d) for d in t.dims)
+        dtypes[t.name] = _np_dtype(t.data_type)
+    for n in m.graph.node:
+        if n.op_type == "Constant":
+            for a in n.attribute:
+                if a.type == onnx.AttributeProto.TENSOR:
+                    shapes[n.output[0]] = tuple(int(d) for d in a.t.dims)
+                    dtypes[n.output[0]] = _np_dtype(a.t.data_type)
+    missing = [o for n in m.graph.node for o in n.output if o and (o not in shapes or o not in dtypes)]
+    if missing:
+        _shapes_by_running(model, p, gear, missing, shapes, dtypes)
+    return shapes, dtypes
+
+
+def _shapes_by_running(model: onnx.ModelProto, p: Path, gear: Mapping[str, Shape], missing: list[str],
+                       shapes: dict[str, Shape], dtypes: dict[str, np.dtype]) -> None:
+    """Shapes that depend on values (Shape → Gather → Reshape…): run the model once on zeros."""
+    import onnxruntime as ort
+
+    m = onnx.ModelProto()
+    m.CopyFrom(model)
+    if any(t.data_location == onnx.TensorProto.EXTERNAL for t in m.graph.initializer):
+        onnx.external_data_helper.load_external_data_for_model(m, str(p.parent))
+    have = {o.name for o in m.graph.output}
+    for name in missing:
+        if name not in have:
+            m.graph.output.append(onnx.ValueInfoProto(name=name))
+    feeds = {}
+    init_names = {t.name for t in m.graph.initializer}
+    for i in m.graph.input:
+        if i.name in init_names:
+            continue
+        feeds[i.name] = np.zeros(gear[i.name], dtype=_np_dtype(i.type.tensor_type.elem_type))
+    try:
+        opts = ort.SessionOptions()
+        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+        opts.log_severity_level = 3
+        sess = ort.InferenceSession(m.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+        names = [o.name for o in sess.get_outputs()]
+        values = sess.run(names, feeds)
+    except Exception as e:
+        raise ModelError(f"{p}: cannot determine the shapes of {len(missing)} tensors (e.g. {missing[0]!r}) "
+                         f"at input shapes {dict(gear)}: {_first_line(e)}",
+                         hint="check --input-shape values") from None
+    for name, v in zip(names, values):
+        if name in missing or name not in shapes:
+            shapes[name] = tuple(int(d) for d in np.shape(v))
+            dtypes[name] = np.asarray(v).dtype
+
+
+def _constants(model: onnx.ModelProto) -> dict[str, ConstantRef]:
+    out: dict[str, ConstantRef] = {}
+    for t in model.graph.initializer:
+        out[t.name] = ConstantRef(t.name, _np_dtype(t.data_type), tuple(int(d) for d in t.dims), "initializer",
+                                  external=t.data_location == onnx.TensorProto.EXTERNAL)
+    for n in model.graph.node:
+        if n.op_type == "Constant" and n.attribute and n.attribute[0].type == onnx.AttributeProto.TENSOR \
+                and n.attribute[0].name == "value":
+            t = n.attribute[0].t
+            out[n.output[0]] = ConstantRef(n.output[0], _np_dtype(t.data_type), tuple(int(d) for d in t.dims),
+                                           "constant_node", node_name=n.name,
+                                           external=t.data_location == onnx.TensorProto.EXTERNAL)
+    return out

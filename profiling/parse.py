@@ -1,0 +1,709 @@
+"""Streaming readers for profiler tables: op_summary / kernel_details CSV, op_statistic CSV, the msprof /
+torch_npu SQLite export, and Chrome-trace timelines.
+
+Every reader yields **raw records**: tuples in the fixed field order of :data:`FIELDS`, with the cells as
+the file holds them (strings; ``None`` when the column does not exist). Cleaning (``N/A`` → missing, quotes
+around shapes, ``FORMAT_`` prefixes, ``:N`` sub-formats) is done by the helpers below, and only on the rows
+that need it, so a million-row file streams at close to the speed of the ``csv`` module itself.
+
+Rows that cannot be used (a field short or long, a duration that is not a number) are skipped and counted
+per reason with their first line numbers in :attr:`TableStream.skipped`; never silently.
+
+>>> import io, tempfile, os
+>>> p = os.path.join(tempfile.mkdtemp(), "op_summary_0_1.csv")
+>>> _ = open(p, "w").write('Op Name,OP Type,Task Type,Task Duration(us)\\nt,TransData,AI_CORE,1.5\\n')
+>>> s = open_table(p)
+>>> [(r[F_NAME], r[F_TYPE], r[F_DUR]) for r in s]
+[('t', 'TransData', '1.5')]
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import operator
+import os
+import re
+import sqlite3
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterator
+
+from npu_deploy.errors import ProfileError
+
+# ---------------------------------------------------------------------------------------------------
+# Canonical fields and the header alias table (msprof.md §3.4 and §9)
+
+FIELDS = ("name", "op_type", "core", "dur", "device", "stream", "in_fmt", "out_fmt", "in_shape",
+          "out_shape", "in_dtype", "out_dtype", "start")
+(F_NAME, F_TYPE, F_CORE, F_DUR, F_DEVICE, F_STREAM, F_IN_FMT, F_OUT_FMT, F_IN_SHAPE, F_OUT_SHAPE,
+ F_IN_DTYPE, F_OUT_DTYPE, F_START) = range(len(FIELDS))
+
+#: canonical field -> accepted header spellings, in order of preference. Matching ignores case and
+#: surrounding blanks. ``dur_ns``/``start_ns`` spellings are not used by CSV producers.
+ALIASES: dict[str, tuple[str, ...]] = {
+    "name": ("Op Name", "Name", "kernel_name", "OP Name"),
+    "op_type": ("OP Type", "Type", "Op Type"),
+    "core": ("Task Type", "Accelerator Core", "Core Type", "kernel_type"),
+    "dur": ("Task Duration(us)", "Duration(us)", "task_time(us)", "Task Duration"),
+    "start": ("Task Start Time(us)", "Start Time(us)", "task_start(us)", "Task Start Time"),
+    "device": ("Device_id", "Device ID", "Device Id"),
+    "stream": ("Stream ID", "Stream Id", "stream_id"),
+    "in_fmt": ("Input Formats",),
+    "out_fmt": ("Output Formats",),
+    "in_shape": ("Input Shapes",),
+    "out_shape": ("Output Shapes",),
+    "in_dtype": ("Input Data Types",),
+    "out_dtype": ("Output Data Types",),
+}
+#: op_statistic_*.csv / op_statistic.csv columns (msprof.md §4)
+STAT_ALIASES: dict[str, tuple[str, ...]] = {
+    "op_type": ("OP Type",),
+    "core": ("Core Type",),
+    "count": ("Count",),
+    "total": ("Total Time(us)",),
+    "ratio": ("Ratio(%)",),
+    "device": ("Device_id",),
+}
+
+MISSING = frozenset({"", "N/A", "NA", "NULL", "None", "none", "null", "n/a"})
+
+_PRIVATE_FORMATS = frozenset({
+    "NC1HWC0", "NC1HWC0_C04", "FRACTAL_Z", "FRACTAL_Z_C04", "FRACTAL_NZ", "NDC1HWC0", "FRACTAL_Z_3D",
+    "FRACTAL_ZN_LSTM", "FRACTAL_ZN_RNN", "ND_RNN_BIAS", "C1HWNCOC0", "C1HWNCoC0", "NHWC1C0",
+    "FRACTAL_Z_3D_TRANSPOSE", "FRACTAL_Z_G", "FRACTAL_NZ_C0_16", "FRACTAL_NZ_C0_32", "FRACTAL_NZ_C0_2",
+    "FRACTAL_NZ_C0_4", "FRACTAL_NZ_C0_8", "NC1KHKWHWC0", "C1HWC0",
+})
+
+
+# ---------------------------------------------------------------------------------------------------
+# Cell cleaning (msprof.md §2)
+
+def clean(value: str | None) -> str | None:
+    """Strip blanks (the trailing TAB on timestamps, a stray CR) and map ``N/A``/empty/``NULL`` to None.
+
+    >>> clean("1736413971558972.912\\t"), clean("N/A"), clean(" NULL ")
+    ('1736413971558972.912', None, None)
+    """
+    if value is None:
+        return None
+    v = value.strip()
+    return None if v in MISSING else v
+
+
+_fmt_cache: dict[str, str] = {}
+
+
+def _parse_format_fn() -> Callable[[str], str] | None:
+    try:
+        from npu_deploy.converters.formats import parse_format
+    except Exception:  # the format algebra is optional here: fall back to local normalisation
+        return None
+
+    def via_registry(text: str) -> str:
+        return parse_format(text).format.name
+
+    return via_registry
+
+
+_registry_format: Callable[[str], str] | None | bool = False
+
+
+def normalize_format(text: str | None) -> str | None:
+    """One tensor's format name without the ``FORMAT_`` prefix and ``:N`` sub-format suffix.
+
+    Uses ``npu_deploy.converters.formats.parse_format`` for formats its registry knows, and plain text
+    normalisation for the rest (``NCL``, ``ND_RNN_BIAS`` …).
+
+    >>> normalize_format("FORMAT_ND"), normalize_format("NC1HWC0:1"), normalize_format("N/A")
+    ('ND', 'NC1HWC0', None)
+    """
+    global _registry_format
+    v = clean(text)
+    if v is None:
+        return None
+    hit = _fmt_cache.get(v)
+    if hit is not None:
+        return hit
+    local = v.strip('"').strip()
+    if local.upper().startswith("FORMAT_"):
+        local = local[7:]
+    local = local.split(":", 1)[0].strip().upper()
+    name = local
+    if _registry_format is False:
+        _registry_format = _parse_format_fn()
+    if _registry_format is not None and local:
+        try:
+            name = _registry_format(v)  # type: ignore[operator]
+        except Exception:
+            name = local
+    if not name or name in MISSING:
+        return None
+    if len(_fmt_cache) < 4096:
+        _fmt_cache[v] = name
+    return name
+
+
+def split_formats(text: str | None) -> list[str | None]:
+    """``"FORMAT_ND;NC1HWC0:1"`` → ``['ND', 'NC1HWC0']`` (one entry per tensor slot)."""
+    v = clean(text)
+    if v is None:
+        return []
+    return [normalize_format(t) for t in v.split(";")]
+
+
+def split_list(text: str | None) -> list[str | None]:
+    """``"FLOAT;INT64"`` → ``['FLOAT', 'INT64']``; empty slots are None."""
+    v = clean(text)
+    if v is None:
+        return []
+    return [clean(t) for t in v.strip('"').split(";")]
+
+
+def parse_shapes(text: str | None) -> list[tuple[int, ...] | None]:
+    """Shapes as written by msprof, with their literal quotes, ``;`` between tensors and ``,`` between dims.
+
+    Empty slots (scalars or absent optional inputs) are ``()``; a slot that is not a list of integers
+    is None.
+
+    >>> parse_shapes('"32,3,224,224;64"'), parse_shapes('"2048;"'), parse_shapes("N/A")
+    ([(32, 3, 224, 224), (64,)], [(2048,), ()], [])
+    """
+    v = clean(text)
+    if v is None:
+        return []
+    v = v.strip().strip('"').strip()
+    out: list[tuple[int, ...] | None] = []
+    for t in v.split(";"):
+        t = t.strip()
+        if not t:
+            out.append(())
+            continue
+        try:
+            out.append(tuple(int(d) for d in t.split(",") if d.strip()))
+        except ValueError:
+            out.append(None)
+    return out
+
+
+def is_private_format(name: str | None) -> bool:
+    """True for the Ascend private (device) formats: NC1HWC0, FRACTAL_Z, FRACTAL_NZ, …"""
+    return bool(name) and (name in _PRIVATE_FORMATS or name.startswith("FRACTAL_"))
+
+
+# ---------------------------------------------------------------------------------------------------
+# Op-type classification by kernel name (Level0, timelines; msprof.md §8.1)
+
+_CANONICAL_TYPES = {t.lower(): t for t in (
+    "TransData", "TransDataRNN", "ReFormat", "Transpose", "TransposeD", "ConfusionTransposeD", "Cast",
+    "MemSet", "MatMul", "MatMulV2", "MatMulV3", "BatchMatMul", "BatchMatMulV2", "Conv2D", "Add", "Mul",
+)}
+_TRANS_NODE = re.compile(r"^trans_([A-Za-z][A-Za-z0-9]*?)_\d+")
+_HCOM = re.compile(r"^(hcom_[A-Za-z]+_?)")
+_TRAILING_NUM = re.compile(r"[-_]?\d+$")
+_name_cache: dict[str, str | None] = {}
+
+
+def op_type_from_name(name: str | None) -> str | None:
+    """Guess an op type from a kernel name when the profile has none (Level0, timelines).
+
+    GE trans nodes ``trans_TransData_20``; aclnn kernels ``aclnnMatmul_TransData_TransData`` (the last
+    ``_`` token is the op type); MindSpore ``"Default/net/Conv2D-op1/Conv2D"`` (after the last ``/``);
+    GE node names with a counter ``Cast16``.
+
+    >>> [op_type_from_name(n) for n in ("trans_TransData_20", "aclnnCast_CastAiCore_Cast", "Cast16",
+    ...                                 "Conv2DBackpropFilter6_MemSet", "BroadcastTo21")]
+    ['TransData', 'Cast', 'Cast', 'MemSet', 'BroadcastTo']
+    """
+    if not name:
+        return None
+    hit = _name_cache.get(name, "")
+    if hit != "":
+        return hit
+    n = name.strip().rsplit("/", 1)[-1]
+    m = _TRANS_NODE.match(n)
+    hcom = _HCOM.match(n)
+    if hcom:
+        token = hcom.group(1)
+    elif m:
+        token = m.group(1)
+    else:
+        token = None
+        for t in reversed(n.split("_")):
+            t = _TRAILING_NUM.sub("", t)
+            if t and not t.isdigit() and t[0].isalpha():
+                token = t
+                break
+    result: str | None
+    if token is None:
+        result = None
+    else:
+        result = _CANONICAL_TYPES.get(token.lower(), token)
+        if hcom:
+            pass
+        elif result.lower().startswith("atomic") or result.lower() == "memset":
+            result = "MemSet"
+    if len(_name_cache) < 100_000:
+        _name_cache[name] = result
+    return result
+
+
+# ---------------------------------------------------------------------------------------------------
+# Skipped-row bookkeeping
+
+@dataclass
+class Skipped:
+    """Rows skipped for one reason: how many, and the first few line numbers."""
+
+    reason: str
+    count: int = 0
+    lines: list[int] = field(default_factory=list)
+
+    def add(self, line: int | None) -> None:
+        self.count += 1
+        if line is not None and len(self.lines) < 5:
+            self.lines.append(line)
+
+    def message(self, path: str) -> str:
+        plural = "row" if self.count == 1 else "rows"
+        text = f"{path}: skipped {self.count} {plural} ({self.reason})"
+        if self.lines:
+            more = " …" if self.count > len(self.lines) else ""
+            text += f" at line{'s' if len(self.lines) > 1 else ''} {', '.join(map(str, self.lines))}{more}"
+        return text
+
+
+class TableStream:
+    """Iterate the raw records of one profiler table; base of the CSV, DB and timeline readers.
+
+    ``kind`` is ``"ops"`` (one row per device task) or ``"stats"`` (op_statistic aggregates).
+    ``line`` is the line (CSV) or row number of the record last yielded; ``skipped`` the rows not used.
+    """
+
+    kind = "ops"
+    time_unit = "us"
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = str(path)
+        self.skipped: dict[str, Skipped] = {}
+        self.notes: list[str] = []
+        self.has_op_type = True
+        self.has_formats = True
+
+    @property
+    def line(self) -> int | None:  # pragma: no cover - overridden
+        return None
+
+    def skip(self, reason: str, line: int | None = None) -> None:
+        s = self.skipped.get(reason)
+        if s is None:
+            s = self.skipped[reason] = Skipped(reason)
+        s.add(line)
+
+    def warnings(self) -> list[str]:
+        return [s.message(self.path) for s in self.skipped.values()]
+
+    def __iter__(self) -> Iterator[tuple]:  # pragma: no cover - overridden
+        return iter(())
+
+
+# ---------------------------------------------------------------------------------------------------
+# CSV
+
+def _resolve(header: list[str], aliases: dict[str, tuple[str, ...]]) -> dict[str, int]:
+    norm = {h.strip().strip("\ufeff").strip('"').lower(): i for i, h in reversed(list(enumerate(header)))}
+    out: dict[str, int] = {}
+    for key, names in aliases.items():
+        for n in names:
+            i = norm.get(n.lower())
+            if i is not None:
+                out[key] = i
+                break
+    return out
+
+
+def _open_text(path: str):
+    # utf-8-sig drops a BOM; newline="" lets csv handle CRLF and quoted newlines; a wrong encoding
+    # becomes U+FFFD instead of an exception.
+    return open(path, "r", encoding="utf-8-sig", errors="replace", newline="")
+
+
+def sniff_csv(path: str | os.PathLike) -> str | None:
+    """``"ops"``, ``"stats"`` or None: what kind of profiler table a CSV file holds, from its header."""
+    try:
+        with _open_text(str(path)) as f:
+            header = next(csv.reader(f), None)
+    except (OSError, csv.Error):
+        return None
+    if not header:
+        return None
+    cols = _resolve(header, ALIASES)
+    if "dur" in cols and "name" in cols:
+        return "ops"
+    stats = _resolve(header, STAT_ALIASES)
+    if "op_type" in stats and "total" in stats:
+        return "stats"
+    return None
+
+
+csv.field_size_limit(1 << 24)
+
+
+class CsvOpStream(TableStream):
+    """op_summary_*.csv / kernel_details.csv / task_time_*.csv, streamed with the ``csv`` module."""
+
+    def __init__(self, path: str | os.PathLike):
+        super().__init__(path)
+        self._reader = None
+        with _open_text(self.path) as f:
+            try:
+                header = next(csv.reader(f), None)
+            except csv.Error as e:
+                raise ProfileError(f"unreadable CSV header ({e})", path=self.path, line=1,
+                                   hint="is this a profiler CSV file?") from e
+        if not header:
+            raise ProfileError("empty file, no header row", path=self.path,
+                               hint="re-export the profile; the file has no data")
+        self.header = header
+        self.cols = _resolve(header, ALIASES)
+        missing = [k for k in ("name", "dur") if k not in self.cols]
+        if missing:
+            looked = "; ".join(f"{k}: {'/'.join(ALIASES[k])}" for k in missing)
+            raise ProfileError(f"not an op table: no column for {looked}", path=self.path, line=1,
+                               hint="give an op_summary_*.csv or kernel_details.csv file")
+        self.ncols = len(header)
+        self.has_op_type = "op_type" in self.cols
+        self.has_formats = "in_fmt" in self.cols and "out_fmt" in self.cols
+        # A missing column reads as the extra empty cell appended to every row (index ncols).
+        idx = [self.cols.get(k, self.ncols) for k in FIELDS]
+        self._get = operator.itemgetter(*idx)
+        if "start" in self.cols:
+            h = header[self.cols["start"]].strip()
+            self.time_unit = "us" if "us" in h else "unknown"
+
+    @property
+    def line(self) -> int | None:
+        return self._reader.line_num if self._reader is not None else None
+
+    def __iter__(self) -> Iterator[tuple]:
+        ncols = self.ncols
+        get = self._get
+        skip = self.skip
+        with _open_text(self.path) as f:
+            reader = self._reader = csv.reader(f)
+            try:
+                next(reader)
+            except (StopIteration, csv.Error):
+                return
+            while True:
+                try:
+                    for row in reader:
+                        if len(row) == ncols:
+                            row.append("")  # the cell read for absent columns
+                            yield get(row)
+                        elif row:
+                            skip(f"{len(row)} fields, header has {ncols}", reader.line_num)
+                    break
+                except csv.Error as e:
+                    skip(f"malformed CSV: {str(e)[:60]}", reader.line_num)
+
+
+class CsvStatStream(TableStream):
+    """op_statistic_*.csv: one row per (OP Type, Core Type) with count and total time."""
+
+    kind = "stats"
+
+    def __init__(self, path: str | os.PathLike):
+        super().__init__(path)
+        self._reader = None
+        with _open_text(self.path) as f:
+            header = next(csv.reader(f), None) or []
+        self.header = header
+        self.cols = _resolve(header, STAT_ALIASES)
+        if "op_type" not in self.cols or "total" not in self.cols:
+            raise ProfileError("not an op_statistic table: no 'OP Type' / 'Total Time(us)' column",
+                               path=self.path, line=1)
+        self.ncols = len(header)
+
+    @property
+    def line(self) -> int | None:
+        return self._reader.line_num if self._reader is not None else None
+
+    def __iter__(self) -> Iterator[tuple]:
+        """Yield (op_type, core, count, total_us, device) with numbers parsed; bad rows skipped."""
+        c = self.cols
+        with _open_text(self.path) as f:
+            reader = self._reader = csv.reader(f)
+            next(reader, None)
+            while True:
+                try:
+                    for row in reader:
+                        if not row:
+                            continue
+                        if len(row) != self.ncols:
+                            self.skip(f"{len(row)} fields, header has {self.ncols}", reader.line_num)
+                            continue
+                        op = clean(row[c["op_type"]])
+                        try:
+                            total = float(row[c["total"]])
+                            count = int(float(row[c["count"]])) if "count" in c else 0
+                        except ValueError:
+                            self.skip("time or count is not a number", reader.line_num)
+                            continue
+                        if op is None or not (0.0 <= total < 1e15):
+                            self.skip("no op type or time out of range", reader.line_num)
+                            continue
+                        core = clean(row[c["core"]]) if "core" in c else None
+                        dev = clean(row[c["device"]]) if "device" in c else None
+                        yield (op, core, count, total, dev)
+                    break
+                except csv.Error as e:
+                    self.skip(f"malformed CSV: {str(e)[:60]}", reader.line_num)
+
+
+# ---------------------------------------------------------------------------------------------------
+# SQLite (msprof.md §7)
+
+SQLITE_MAGIC = b"SQLite format 3\x00"
+
+
+def is_sqlite(path: str | os.PathLike) -> bool:
+    try:
+        with open(path, "rb") as f:
+            return f.read(16) == SQLITE_MAGIC
+    except OSError:
+        return False
+
+
+class DbOpStream(TableStream):
+    """An msprof_*.db / ascend_pytorch_profiler*.db export: TASK ⨝ COMPUTE_TASK_INFO ⨝ STRING_IDS.
+
+    Times are ns in the DB and yielded as µs strings. Communication ops (COMMUNICATION_OP) are yielded
+    as rows with core ``COMMUNICATION``.
+    """
+
+    def __init__(self, path: str | os.PathLike):
+        super().__init__(path)
+        self._row = 0
+        if not is_sqlite(self.path):
+            raise ProfileError("not an SQLite database", path=self.path,
+                               hint="give an msprof_*.db or ascend_pytorch_profiler*.db export")
+        try:
+            con = self._connect()
+            try:
+                tables = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+                self.tables = tables
+                self.compute_table = self._pick_compute_table(con, tables)
+                if "TASK" not in tables or self.compute_table is None or "STRING_IDS" not in tables:
+                    raise ProfileError(
+                        "no TASK / COMPUTE_TASK_INFO / STRING_IDS tables: not an msprof or torch_npu "
+                        "profiler export", path=self.path,
+                        hint="export with msprof --type=db or torch_npu export_type=db")
+                self.cti_cols = self._columns(con, self.compute_table)
+                self.task_cols = self._columns(con, "TASK")
+            finally:
+                con.close()
+        except sqlite3.DatabaseError as e:
+            raise ProfileError(f"unreadable SQLite database ({e})", path=self.path) from e
+        self.has_formats = "inputFormats" in self.cti_cols and "outputFormats" in self.cti_cols
+        if self.compute_table != "COMPUTE_TASK_INFO":
+            self.notes.append(f"{Path(self.path).name}: using table {self.compute_table}")
+
+    def _connect(self) -> sqlite3.Connection:
+        uri = Path(os.path.abspath(self.path)).as_uri() + "?mode=ro&immutable=1"
+        return sqlite3.connect(uri, uri=True)
+
+    @staticmethod
+    def _columns(con: sqlite3.Connection, table: str) -> set[str]:
+        return {r[1] for r in con.execute(f'PRAGMA table_info("{table}")')}
+
+    @staticmethod
+    def _pick_compute_table(con, tables) -> str | None:
+        if "COMPUTE_TASK_INFO" in tables:
+            return "COMPUTE_TASK_INFO"
+        old = sorted(t for t in tables if re.fullmatch(r"_?COMPUTE_TASK_INFO_old_\d+", t))
+        return old[-1] if old else None
+
+    @property
+    def line(self) -> int | None:
+        return self._row
+
+    def _query(self) -> str:
+        c = self.cti_cols
+
+        def s(col: str, alias: str) -> tuple[str, str]:
+            if col in c:
+                return (f"{alias}.value", f'LEFT JOIN STRING_IDS {alias} ON {alias}.id = c."{col}"')
+            return ("NULL", "")
+
+        parts = [s("name", "n"), s("opType", "o"), s("taskType", "tt"), s("inputFormats", "fi"),
+                 s("outputFormats", "fo"), s("inputShapes", "si"), s("outputShapes", "so"),
+                 s("inputDataTypes", "di"), s("outputDataTypes", "do")]
+        sel = ", ".join(p[0] for p in parts)
+        joins = " ".join(p[1] for p in parts if p[1])
+        dev = "t.deviceId" if "deviceId" in self.task_cols else "NULL"
+        stream = "t.streamId" if "streamId" in self.task_cols else "NULL"
+        return (f'SELECT {sel}, t.startNs, t.endNs, {dev}, {stream} FROM "{self.compute_table}" c '
+                f"JOIN TASK t ON t.globalTaskId = c.globalTaskId {joins} ORDER BY {dev}, t.startNs")
+
+    def __iter__(self) -> Iterator[tuple]:
+        try:
+            con = self._connect()
+        except sqlite3.DatabaseError as e:  # pragma: no cover - checked in __init__
+            raise ProfileError(f"unreadable SQLite database ({e})", path=self.path) from e
+        try:
+            self._row = 0
+            try:
+                cur = con.execute(self._query())
+            except sqlite3.DatabaseError as e:
+                raise ProfileError(f"unexpected DB schema ({e})", path=self.path,
+                                   hint="this export's schema is not one npu-deploy knows") from e
+            for r in cur:
+                self._row += 1
+                (name, op, core, fi, fo, si, so, di, do, start, end, dev, stream) = r
+                if not isinstance(start, int) or not isinstance(end, int) or end < start:
+                    self.skip("start/end time missing or reversed", self._row)
+                    continue
+                dur = f"{(end - start) / 1000.0:.3f}"
+                yield (_s(name), _s(op), _s(core), dur, _s(dev), _s(stream), _s(fi), _s(fo), _s(si),
+                       _s(so), _s(di), _s(do), str(start / 1000.0))
+            if "COMMUNICATION_OP" in self.tables:
+                cols = self._columns(con, "COMMUNICATION_OP")
+                if {"opName", "startNs", "endNs"} <= cols:
+                    dev = "deviceId" if "deviceId" in cols else "NULL"
+                    q = ("SELECT n.value, c.startNs, c.endNs, " + dev + " FROM COMMUNICATION_OP c "
+                         "LEFT JOIN STRING_IDS n ON n.id = c.opName")
+                    for name, start, end, d in con.execute(q):
+                        self._row += 1
+                        if not isinstance(start, int) or not isinstance(end, int) or end < start:
+                            self.skip("start/end time missing or reversed", self._row)
+                            continue
+                        yield (_s(name) or "hcom_op", None, "COMMUNICATION", f"{(end - start) / 1000.0:.3f}",
+                               _s(d), None, None, None, None, None, None, None, str(start / 1000.0))
+        except sqlite3.DatabaseError as e:
+            raise ProfileError(f"unreadable SQLite database ({e})", path=self.path) from e
+        finally:
+            con.close()
+
+
+def _s(v) -> str | None:
+    return None if v is None else str(v)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Chrome-trace timelines (msprof.md §6)
+
+#: hardware task types that are device compute in a timeline (msprof.md §6.2); others are excluded
+TIMELINE_COMPUTE = frozenset({"AI_CORE", "AI_VECTOR_CORE", "MIX_AIC", "MIX_AIV", "AI_CPU", "DSA_SQE",
+                              "KERNEL_AICORE", "KERNEL_AIVEC", "KERNEL_AICPU", "KERNEL_MIX_AIC",
+                              "KERNEL_MIX_AIV", "FFTS_PLUS", "Other"})
+
+
+class TraceOpStream(TableStream):
+    """trace_view.json / msprof_*.json: ``X`` events of the ``Ascend Hardware`` process (kernels) and of
+    the ``HCCL`` process (communication). There is no op type in a timeline: classify by name."""
+
+    def __init__(self, path: str | os.PathLike):
+        super().__init__(path)
+        self.has_op_type = False
+        self.has_formats = False
+        self._row = 0
+        self._events: list | None = None
+
+    @property
+    def line(self) -> int | None:
+        return self._row
+
+    def _load(self) -> list:
+        try:
+            with open(self.path, "rb") as f:
+                data = json.load(f)
+        except (OSError, ValueError, RecursionError) as e:
+            raise ProfileError(f"not a JSON timeline ({str(e)[:80]})", path=self.path,
+                               hint="give trace_view.json or msprof_*.json") from e
+        if isinstance(data, dict):
+            data = data.get("traceEvents")
+        if not isinstance(data, list):
+            raise ProfileError("not a Chrome-trace timeline (no event list)", path=self.path)
+        return data
+
+    def __iter__(self) -> Iterator[tuple]:
+        events = self._load()
+        hw: set = set()
+        comm: set = set()
+        for e in events:
+            if isinstance(e, dict) and e.get("ph") == "M" and e.get("name") == "process_name":
+                args = e.get("args")
+                pname = args.get("name") if isinstance(args, dict) else None
+                if pname == "Ascend Hardware":
+                    hw.add(e.get("pid"))
+                elif isinstance(pname, str) and pname.upper().startswith(("HCCL", "COMMUNICATION")):
+                    comm.add(e.get("pid"))
+        if not hw:
+            raise ProfileError("no 'Ascend Hardware' process in the timeline: no device kernels to analyse",
+                               path=self.path, hint="use the profile's kernel_details.csv or op_summary")
+        picked = []
+        for i, e in enumerate(events):
+            if not isinstance(e, dict) or e.get("ph") != "X":
+                continue
+            pid = e.get("pid")
+            if pid not in hw and pid not in comm:
+                continue
+            try:
+                ts = float(str(e.get("ts")).strip())
+                dur = float(e.get("dur"))
+            except (TypeError, ValueError):
+                self.skip("ts or dur is not a number", i + 1)
+                continue
+            if not (0.0 <= dur < 1e13) or ts != ts:
+                self.skip("duration out of range", i + 1)
+                continue
+            picked.append((pid, e.get("tid"), ts, dur, i + 1, e))
+        picked.sort(key=lambda p: (str(p[0]), str(p[1]), p[2]))
+        excluded: dict[str, int] = {}
+        for pid, tid, ts, dur, idx, e in picked:
+            self._row = idx
+            name = e.get("name")
+            name = str(name) if name is not None else None
+            args = e.get("args") if isinstance(e.get("args"), dict) else {}
+            if pid in comm:
+                core = "COMMUNICATION"
+            else:
+                tt = args.get("Task Type")
+                core = str(tt) if tt is not None else None
+                if core is not None and core not in TIMELINE_COMPUTE:
+                    excluded[core] = excluded.get(core, 0) + 1
+                    continue
+                if name and name.upper().startswith("MEMCPY"):
+                    excluded["memcpy"] = excluded.get("memcpy", 0) + 1
+                    continue
+            stream = args.get("Stream Id", args.get("Physic Stream Id", tid))
+            yield (name, None, core, repr(dur), str(pid), _s(stream), None, None, None, None, None,
+                   None, repr(ts))
+        if excluded:
+            what = ", ".join(f"{n} {k}" for k, n in sorted(excluded.items()))
+            self.notes.append(f"{self.path}: left out non-compute device tasks ({what})")
+
+
+# ---------------------------------------------------------------------------------------------------
+
+def open_table(path: str | os.PathLike, kind: str | None = None) -> TableStream:
+    """Open one profiler file as a stream: CSV op table, op_statistic CSV, SQLite export or timeline.
+
+    ``kind`` is ``"csv"``, ``"stats"``, ``"db"``, ``"trace"`` or None (decide from the content).
+    """
+    p = str(path)
+    if kind is None:
+        if is_sqlite(p):
+            kind = "db"
+        elif p.lower().endswith(".json"):
+            kind = "trace"
+        else:
+            kind = "stats" if sniff_csv(p) == "stats" else "csv"
+    if kind == "db":
+        return DbOpStream(p)
+    if kind == "trace":
+        return TraceOpStream(p)
+    if kind == "stats":
+        return CsvStatStream(p)
+    return CsvOpStream(p)

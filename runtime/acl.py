@@ -1,0 +1,577 @@
+"""The ACL backend: run an ATC ``.om`` on an Ascend device through acllite or pyACL.
+
+Verified against the documented pyACL / acllite contracts only (``reference/atc-acl-om.md`` §3–§4),
+with the strict stand-ins in ``tests/standins/``; no real device was available to the authors.
+
+What it does, in order (:meth:`AclBackend.activate`):
+
+1. **Preflight, before touching a device**: the file is read with
+   :func:`npu_deploy.converters.om.preflight_info` (SoC, dynamic mode, gears, I/O). A requested
+   ``dynamic_batch`` / ``dynamic_dims`` the model was not built for is an error naming the model's gears.
+2. pyACL is imported lazily (:func:`npu_deploy.runtime.device.load_acl`; missing → ``DependencyError``,
+   exit 3), ACL is initialised once per process, and the device's SoC (``acl.get_soc_name``) is
+   compared with the model's *before* ``load_from_file``; a mismatch names both.
+3. The device and its context come from the process-wide helper :mod:`npu_deploy.runtime.device`
+   (reference counted, torn down at exit); a stream, the model, its description, and one device buffer
+   per input and output (sized by ``get_input_size_by_index`` — the largest gear) are made once and
+   reused by every run.
+4. :meth:`run` (validation by the base class, then): each host array is laid out in the model's device
+   format (``formats.pack``, e.g. NCHW → NC1HWC0 with C0 read from the model's dims), copied H2D, the
+   dynamic batch set (``set_dynamic_batch_size`` at the ``ascend_mbatch_shape_data`` index), the model
+   executed, each requested output copied D2H with its current dims and unpacked to the host format.
+
+Every non-zero return code raises :class:`~npu_deploy.errors.AclError` naming the call, the code and
+its meaning (:mod:`npu_deploy.runtime.acl_codes`). Resources are released in the documented order —
+buffers, datasets, model, desc, stream, then (last user of the device) context and device, and at
+interpreter exit ``acl.finalize`` — on :meth:`deactivate`, when activation fails half-way, and at exit.
+
+acllite: with ``api="auto"`` the backend uses ``acllite_model.AclLiteModel`` for loading and executing
+when the acllite folder is importable (flat modules on ``PYTHONPATH``), else pyACL directly. Device
+initialisation always goes through :mod:`~npu_deploy.runtime.device` (acllite's ``AclLiteResource``
+would call ``acl.init`` a second time and tear down at garbage collection); input buffers are ours,
+passed to acllite as ``{"data": ptr, "size": n}`` so they are freed (acllite leaks its own).
+
+Thread safety: a backend may be shared between threads; runs are serialised by the base class's lock
+and each run makes the device context current in the calling thread. For parallel runs use one
+backend (session) per thread.
+
+>>> from npu_deploy.runtime.acl import AclBackend            # doctest: +SKIP
+>>> with AclBackend("resnet50.om", device_id=0) as b:        # doctest: +SKIP
+...     (prob,) = b.run(None, {"x": np.zeros((1, 3, 224, 224), np.float32)})
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import math
+import os
+import re
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+from npu_deploy.errors import AclError, DependencyError, InputError, InternalError, OmError
+from npu_deploy.runtime import device
+from npu_deploy.runtime.acl_codes import check, error_for
+from npu_deploy.runtime.backend import Backend, Gear, TensorMeta
+
+MBATCH_NAME = "ascend_mbatch_shape_data"
+ACL_MEM_MALLOC_HUGE_FIRST = 0
+ACL_MEMCPY_HOST_TO_DEVICE = 1
+ACL_MEMCPY_DEVICE_TO_HOST = 2
+APIS = ("auto", "pyacl", "acllite")
+
+
+@dataclasses.dataclass
+class _Tensor:
+    """One model input/output as loaded: the user's view (``meta``) and the device's."""
+
+    meta: TensorMeta
+    index: int                      # index in the model (acl.mdl)
+    device_dims: tuple[int, ...]    # as acl.mdl.get_*_dims reports (-1 on dynamic axes)
+    size: int                       # device buffer bytes (largest gear)
+    dtype: np.dtype
+    pack_format: str | None         # blocked device format to pack/unpack, None = copy as is
+    c0: int | None = None
+    ptr: int = 0                    # device pointer (ours)
+    buf: int = 0                    # acl data buffer handle
+
+
+def _fmt_shape(shape: Sequence[int]) -> str:
+    return "(" + ", ".join("?" if d < 0 else str(d) for d in shape) + ")"
+
+
+def _logical_from_storage(fmt: str, dims: tuple[int, ...]) -> tuple[int, ...] | None:
+    """Best logical shape from storage dims when the model does not record its origin shape: the
+    channel (NC1HWC0) or the two matrix axes (FRACTAL_NZ) are taken padded to whole blocks."""
+    if fmt in ("NC1HWC0", "NC1HWC0_C04") and len(dims) == 5:
+        n, c1, h, w, c0 = dims
+        return (n, c1 * c0 if c1 >= 0 else -1, h, w)
+    if fmt.startswith("FRACTAL_NZ") and len(dims) >= 4:
+        *batch, n1, m1, m0, n0 = dims
+        return (*batch, m1 * m0, n1 * n0)
+    return None
+
+
+def _acllite_error(call: str, e: Exception) -> AclError:
+    """acllite raises ``Exception("<api> failed ret_int=<n>")``; recover the call and code."""
+    m = re.search(r"(\S+)\s+failed\s+ret_int=(-?\d+)", str(e))
+    if m:
+        return error_for(m.group(1), int(m.group(2)), context=f"via acllite {call}")
+    return AclError(f"acllite {call} failed: {e}", call=call, hint="see the acllite log and the CANN plog")
+
+
+class AclBackend(Backend):
+    """Run an ``.om`` on device ``device_id`` (see the module docstring).
+
+    ``dynamic_batch`` / ``dynamic_dims``: the batch size / dims gear the caller intends to use; checked
+    against the model before loading. ``api``: ``"auto"`` (acllite when importable, else pyACL),
+    ``"pyacl"`` or ``"acllite"``.
+
+    >>> b = AclBackend("yolov3_dynamic_batch.om", dynamic_batch=4)   # doctest: +SKIP
+    >>> b.activate()                                                  # doctest: +SKIP
+    """
+
+    name = "acl"
+
+    def __init__(self, path: str | os.PathLike, device_id: int = 0, *, dynamic_batch: int | None = None,
+                 dynamic_dims: Sequence[int] | None = None, api: str | None = None):
+        super().__init__()
+        api = api or "auto"
+        if api not in APIS:
+            raise InputError(f"unknown ACL api {api!r}", hint=f"use one of {', '.join(APIS)}")
+        self.path = Path(path)
+        self.device_id = int(device_id)
+        self.dynamic_batch = dynamic_batch
+        self.dynamic_dims = list(dynamic_dims) if dynamic_dims is not None else None
+        self.api = api
+        self.api_used: str | None = None
+        self.preflight: Any = None
+        self.soc_name: str | None = None
+        self._acl: Any = None
+        self._acquired = False
+        self._stream = 0
+        self._model_id: int | None = None
+        self._desc = 0
+        self._in_ds = 0
+        self._out_ds = 0
+        self._inputs: list[_Tensor] = []
+        self._outputs: list[_Tensor] = []
+        self._mbatch: _Tensor | None = None
+        self._dynamic: str | None = None
+        self._lite: Any = None
+
+    def __repr__(self) -> str:
+        return f"AclBackend({str(self.path)!r}, device_id={self.device_id})"
+
+    # ------------------------------------------------------------------ metadata
+    def get_inputs(self) -> list[TensorMeta]:
+        return [t.meta for t in self._inputs]
+
+    def get_outputs(self) -> list[TensorMeta]:
+        return [t.meta for t in self._outputs]
+
+    # ------------------------------------------------------------------ preflight
+    def _preflight(self) -> None:
+        if not self.path.is_file():
+            raise InputError(f"model file {self.path} does not exist", hint="check the path")
+        from npu_deploy.converters.om import preflight_info
+
+        pf = preflight_info(self.path)
+        self.preflight = pf
+        if pf.encrypted:
+            raise OmError(f"{self.path}: encrypted .om models are not supported",
+                          hint="convert the model without encryption")
+        mode = pf.dynamic_mode
+        if mode == "shape":
+            raise OmError(f"{self.path}: a dynamic-shape (shape range) .om is not supported by the ACL backend",
+                          hint="rebuild with gears: atc --dynamic_batch_size or --dynamic_dims")
+        if self.dynamic_batch is not None:
+            if mode != "batch":
+                raise InputError(
+                    f"{self.path} was built without dynamic batch (dynamic mode: {mode or 'static'}), so "
+                    f"batch {self.dynamic_batch} cannot be set",
+                    hint="rebuild with atc --input_shape=...-1... --dynamic_batch_size=\"1,2,4,8\"")
+            if self.dynamic_batch not in pf.batch_gears:
+                raise InputError(f"batch {self.dynamic_batch} is not a gear of {self.path}; its batch gears "
+                                 f"are {pf.batch_gears}",
+                                 hint="use one of those, or rebuild with the batch sizes you need")
+        if self.dynamic_dims is not None:
+            if mode != "dims":
+                raise InputError(
+                    f"{self.path} was built without dynamic dims (dynamic mode: {mode or 'static'}), so "
+                    f"dims {self.dynamic_dims} cannot be set",
+                    hint="rebuild with atc --input_format=ND --dynamic_dims=\"...\"")
+            if self.dynamic_dims not in [list(g) for g in pf.dims_gears]:
+                raise InputError(f"dims {self.dynamic_dims} are not a gear of {self.path}; its dims gears "
+                                 f"are {pf.dims_gears}",
+                                 hint="use one of those, or rebuild with the dims you need")
+
+    def _check_soc(self, acl: Any) -> None:
+        want = self.preflight.soc_version
+        have = acl.get_soc_name()
+        self.soc_name = have
+        if want and have and want.lower() != have.lower():
+            raise OmError(f"{self.path} was built for {want} but device {self.device_id} is {have}",
+                          hint=f"rebuild it: atc ... --soc_version={have}")
+
+    # ------------------------------------------------------------------ life cycle
+    def _activate(self) -> None:
+        self._preflight()
+        acl = device.load_acl()
+        self._acl = acl
+        device.ensure_initialized()
+        self._check_soc(acl)
+        device.acquire(self.device_id)
+        self._acquired = True
+        device.register(self)
+        stream, ret = acl.rt.create_stream()
+        check("acl.rt.create_stream", ret)
+        self._stream = stream
+        lite = self._acllite_module() if self.api in ("auto", "acllite") else None
+        if lite is not None:
+            self._load_acllite(lite)
+        else:
+            self._load_pyacl()
+        self._alloc_inputs()
+
+    def _acllite_module(self) -> Any:
+        try:
+            return importlib.import_module("acllite_model")
+        except ImportError as e:
+            if self.api == "acllite":
+                raise DependencyError(
+                    f"acllite is not importable ({e})",
+                    hint="copy Ascend/samples python/common/acllite and put that folder itself on "
+                         "PYTHONPATH, or use api='pyacl'") from e
+            return None
+
+    def _deactivate(self) -> None:
+        acl = self._acl
+        if acl is None:
+            return
+        errors: list[Exception] = []
+
+        def step(call: str, ret: Any) -> None:
+            if ret != 0:
+                errors.append(error_for(call, ret, context=str(self.path)))
+
+        if self._acquired:
+            try:
+                device.use(self.device_id)
+            except Exception as e:
+                errors.append(e)
+        for ds_attr, tensors in (("_in_ds", self._inputs + ([self._mbatch] if self._mbatch else [])),
+                                 ("_out_ds", self._outputs)):
+            for t in tensors:
+                if t.ptr:
+                    step("acl.rt.free", acl.rt.free(t.ptr))
+                    t.ptr = 0
+                if t.buf:
+                    step("acl.destroy_data_buffer", acl.destroy_data_buffer(t.buf))
+                    t.buf = 0
+            ds = getattr(self, ds_attr)
+            if ds:
+                step("acl.mdl.destroy_dataset", acl.mdl.destroy_dataset(ds))
+                setattr(self, ds_attr, 0)
+        if self._lite is not None:
+            try:
+                self._lite.destroy()
+            except Exception as e:
+                errors.append(_acllite_error("AclLiteModel.destroy", e))
+            self._lite = None
+        if self._model_id is not None:
+            step("acl.mdl.unload", acl.mdl.unload(self._model_id))
+            self._model_id = None
+        if self._desc:
+            step("acl.mdl.destroy_desc", acl.mdl.destroy_desc(self._desc))
+            self._desc = 0
+        if self._stream:
+            step("acl.rt.destroy_stream", acl.rt.destroy_stream(self._stream))
+            self._stream = 0
+        device.unregister(self)
+        if self._acquired:
+            self._acquired = False
+            try:
+                device.release(self.device_id)
+            except Exception as e:
+                errors.append(e)
+        self._mbatch = None
+        if errors:
+            raise errors[0]
+
+    # ------------------------------------------------------------------ loading: pyACL
+    def _load_pyacl(self) -> None:
+        acl = self._acl
+        self.api_used = "pyacl"
+        model_id, ret = acl.mdl.load_from_file(str(self.path))
+        check("acl.mdl.load_from_file", ret, context=str(self.path))
+        self._model_id = model_id
+        desc = acl.mdl.create_desc()
+        if not desc:
+            raise AclError("acl.mdl.create_desc returned NULL", call="acl.mdl.create_desc")
+        self._desc = desc
+        check("acl.mdl.get_desc", acl.mdl.get_desc(desc, model_id), context=str(self.path))
+        n_in, n_out = acl.mdl.get_num_inputs(desc), acl.mdl.get_num_outputs(desc)
+        mbatch_index = None
+        if self.preflight.dynamic_mode is not None:
+            idx, ret = acl.mdl.get_input_index_by_name(desc, MBATCH_NAME)
+            if ret == 0:
+                mbatch_index = idx
+        origin = {t.name: t for t in self.preflight.inputs}
+        for i in range(n_in):
+            name = acl.mdl.get_input_name_by_index(desc, i)
+            dims, ret = acl.mdl.get_input_dims(desc, i)
+            check("acl.mdl.get_input_dims", ret, context=f"{self.path} input {i}")
+            t = self._describe(name, i, tuple(dims["dims"]), acl.mdl.get_input_data_type(desc, i),
+                               acl.mdl.get_input_format(desc, i), acl.mdl.get_input_size_by_index(desc, i),
+                               origin.get(name), is_input=True)
+            if i == mbatch_index or name == MBATCH_NAME:
+                self._mbatch = t
+            else:
+                self._inputs.append(t)
+        origin = {t.name: t for t in self.preflight.outputs}
+        for j in range(n_out):
+            name = acl.mdl.get_output_name_by_index(desc, j)
+            dims, ret = acl.mdl.get_output_dims(desc, j)
+            check("acl.mdl.get_output_dims", ret, context=f"{self.path} output {j}")
+            self._outputs.append(self._describe(
+                name, j, tuple(dims["dims"]), acl.mdl.get_output_data_type(desc, j),
+                acl.mdl.get_output_format(desc, j), acl.mdl.get_output_size_by_index(desc, j),
+                origin.get(name), is_input=False))
+        self._setup_dynamic()
+        # output buffers: allocated once, reused by every run
+        self._out_ds = self._new_dataset()
+        for t in self._outputs:
+            self._alloc(t, self._out_ds)
+
+    # ------------------------------------------------------------------ loading: acllite
+    def _load_acllite(self, lite: Any) -> None:
+        self.api_used = "acllite"
+        try:
+            self._lite = lite.AclLiteModel(str(self.path))
+        except Exception as e:
+            raise _acllite_error("AclLiteModel", e) from e
+        from npu_deploy.converters.formats import dtype_to_acl, get_format
+
+        pf = self.preflight
+
+        def from_om(t: Any, k: int, is_input: bool) -> _Tensor:
+            dt = t.np_dtype
+            if dt is None:
+                raise OmError(f"{self.path}: {t.name!r} has dtype {t.dtype}, which numpy cannot hold")
+            try:
+                acl_fmt = get_format(t.format.split("[")[0]).acl
+            except Exception:
+                acl_fmt = None
+            dims = tuple(t.shape)
+            return self._describe(t.name, k, dims, dtype_to_acl(dt), acl_fmt, t.size, t, is_input=is_input)
+
+        for k, t in enumerate(pf.inputs):
+            tensor = from_om(t, k, True)
+            if t.name == MBATCH_NAME:
+                self._mbatch = tensor
+            else:
+                self._inputs.append(tensor)
+        self._outputs = [from_om(t, k, False) for k, t in enumerate(pf.outputs)]
+        self._setup_dynamic()
+
+    # ------------------------------------------------------------------ description
+    def _describe(self, name: str, index: int, dims: tuple[int, ...], acl_dtype: int, acl_format: int | None,
+                  size: int, om_tensor: Any, *, is_input: bool) -> _Tensor:
+        from npu_deploy.converters import formats
+
+        what = f"{self.path}: {'input' if is_input else 'output'} {name!r}"
+        try:
+            dtype = formats.acl_to_dtype(acl_dtype)
+        except Exception as e:
+            raise OmError(f"{what} has ACL data type {acl_dtype}, which has no numpy equivalent",
+                          hint="rebuild with atc --output_type / a supported input dtype") from e
+        try:
+            fmt = formats.get_format(acl_format).name if acl_format is not None and acl_format >= 0 else "ND"
+        except Exception:
+            fmt = "ND"
+        pack_format = None
+        host_format = fmt
+        shape = dims
+        c0 = None
+        f = formats.get_format(fmt)
+        if f.blocked and name != MBATCH_NAME:
+            pack_format = fmt
+            c0 = dims[-1] if dims and dims[-1] > 0 else None
+            origin_fmt = getattr(om_tensor, "origin_format", None) if om_tensor is not None else None
+            host_format = formats.origin_of(fmt, origin_fmt if origin_fmt in ("NCHW", "NHWC", "ND",
+                                                                             "NCDHW", "NDHWC") else None)
+            oshape = getattr(om_tensor, "origin_shape", None) if om_tensor is not None else None
+            if oshape:
+                shape = tuple(oshape)
+                if dims and dims[0] < 0 and shape and shape[0] > 0:
+                    shape = (-1, *shape[1:])
+            else:
+                derived = _logical_from_storage(fmt, dims)
+                if derived is None:
+                    # not a layout we can convert without the origin shape: hand over the device layout
+                    pack_format, host_format = None, fmt
+                else:
+                    shape = derived
+        t = _Tensor(TensorMeta(name, shape, dtype, format=host_format, device_format=fmt,
+                               device_shape=dims, nbytes=size), index, dims, size, dtype, pack_format, c0)
+        if name != MBATCH_NAME:
+            self._check_size(t, what, "input" if is_input else "output")
+        return t
+
+    def _device_nbytes(self, t: _Tensor, dims: Sequence[int]) -> int:
+        return math.prod(dims) * t.dtype.itemsize
+
+    def _check_size(self, t: _Tensor, what: str, kind: str) -> None:
+        gear_max = self._max_dims(t)
+        need = self._device_nbytes(t, gear_max)
+        if t.size < need:
+            raise OmError(
+                f"{what}: the model reports a {t.size}-byte device buffer (acl.mdl.get_{kind}_size_by_index) "
+                f"but "
+                f"{t.meta.device_format} {_fmt_shape(gear_max)} {t.dtype.name} needs {need} bytes",
+                hint="the .om description is inconsistent; rebuild it with ATC")
+
+    def _max_dims(self, t: _Tensor) -> tuple[int, ...]:
+        pf = self.preflight
+        if any(d < 0 for d in t.device_dims):
+            if pf.dynamic_mode == "batch" and pf.batch_gears and t.device_dims[0] < 0:
+                return (max(pf.batch_gears), *[max(d, 1) for d in t.device_dims[1:]])
+            return tuple(max(d, 1) for d in t.device_dims)
+        return t.device_dims
+
+    def _setup_dynamic(self) -> None:
+        pf = self.preflight
+        mode = pf.dynamic_mode
+        self._dynamic = mode
+        if mode is None:
+            return
+        if mode != "batch":
+            raise OmError(f"{self.path}: dynamic mode {mode!r} is not supported by the ACL backend yet "
+                          f"(dynamic batch is)", hint="rebuild with atc --dynamic_batch_size")
+        if self._mbatch is None:
+            raise OmError(f"{self.path}: a dynamic-batch model without the {MBATCH_NAME} input",
+                          hint="rebuild the model with ATC")
+        gears = list(pf.batch_gears)
+        for t in self._inputs:
+            if t.meta.shape and t.meta.shape[0] < 0:
+                rest = t.meta.shape[1:]
+                t.meta = dataclasses.replace(t.meta, gears=tuple((b, *rest) for b in gears))
+        # get_output_dims reports the largest gear; an output whose axis 0 is that batch follows the batch
+        for t in self._outputs:
+            if t.meta.shape and t.device_dims and t.device_dims[0] in (-1, max(gears)):
+                t.meta = dataclasses.replace(t.meta, shape=(-1, *t.meta.shape[1:]))
+
+    # ------------------------------------------------------------------ buffers
+    def _new_dataset(self) -> int:
+        ds = self._acl.mdl.create_dataset()
+        if not ds:
+            raise AclError("acl.mdl.create_dataset returned NULL", call="acl.mdl.create_dataset")
+        return ds
+
+    def _alloc(self, t: _Tensor, ds: int) -> None:
+        acl = self._acl
+        size = max(t.size, 1)
+        ptr, ret = acl.rt.malloc(size, ACL_MEM_MALLOC_HUGE_FIRST)
+        check("acl.rt.malloc", ret, context=f"{size} bytes for {t.meta.name!r}")
+        t.ptr = ptr
+        if ds:
+            buf = acl.create_data_buffer(ptr, t.size)
+            if not buf:
+                raise AclError("acl.create_data_buffer returned NULL", call="acl.create_data_buffer")
+            t.buf = buf
+            _, ret = acl.mdl.add_dataset_buffer(ds, buf)
+            check("acl.mdl.add_dataset_buffer", ret)
+
+    def _alloc_inputs(self) -> None:
+        # the pyACL path needs a dataset in model input order (with the gear input last); acllite builds
+        # its own dataset from our {"data", "size"} dicts and appends the gear input itself
+        if self.api_used == "pyacl":
+            self._in_ds = self._new_dataset()
+            ordered = sorted(self._inputs + ([self._mbatch] if self._mbatch else []), key=lambda t: t.index)
+            for t in ordered:
+                self._alloc(t, self._in_ds)
+        else:
+            for t in self._inputs:
+                self._alloc(t, 0)
+
+    # ------------------------------------------------------------------ running
+    def _run_validated(self, output_names: list[str], feeds: dict[str, np.ndarray], *,
+                       gear: Gear | None) -> list[np.ndarray]:
+        acl = self._acl
+        from npu_deploy.converters import formats
+
+        keep: list[np.ndarray] = []
+        with self._phase("h2d"):
+            for t in self._inputs:
+                host = feeds[t.meta.name]
+                if t.pack_format is not None:
+                    dev = formats.pack(host, t.pack_format, c0=t.c0, origin=t.meta.format)
+                else:
+                    dev = host
+                dev = np.ascontiguousarray(dev, dtype=t.dtype)
+                if dev.nbytes > t.size:
+                    raise InputError(
+                        f"input {t.meta.name!r}: {dev.nbytes} bytes on the device ({t.meta.device_format} "
+                        f"{_fmt_shape(dev.shape)}) exceed the model's {t.size}-byte buffer "
+                        f"(acl.mdl.get_input_size_by_index)",
+                        hint="feed a shape the model was built for")
+                keep.append(dev)
+                if dev.nbytes:
+                    check("acl.rt.memcpy", acl.rt.memcpy(t.ptr, t.size, dev.__array_interface__["data"][0],
+                                                         dev.nbytes, ACL_MEMCPY_HOST_TO_DEVICE),
+                          context=f"H2D input {t.meta.name!r}")
+        with self._phase("compute"):
+            batch = gear.batch if gear is not None and self._dynamic == "batch" else None
+            if self.api_used == "pyacl":
+                if batch is not None:
+                    assert self._mbatch is not None
+                    check("acl.mdl.set_dynamic_batch_size",
+                          acl.mdl.set_dynamic_batch_size(self._model_id, self._in_ds, self._mbatch.index, batch),
+                          context=f"batch {batch}")
+                check("acl.mdl.execute", acl.mdl.execute(self._model_id, self._in_ds, self._out_ds),
+                      context=str(self.path))
+                lite_out = None
+            else:
+                lite_out = self._execute_acllite(batch)
+        del keep
+        by_name = {t.meta.name: t for t in self._outputs}
+        results = []
+        with self._phase("d2h"):
+            for name in output_names:
+                t = by_name[name]
+                results.append(self._fetch(t, batch, lite_out))
+        return results
+
+    def _execute_acllite(self, batch: int | None) -> list[np.ndarray]:
+        items = [{"data": t.ptr, "size": t.size} for t in self._inputs]
+        try:
+            if batch is not None:
+                out = self._lite._execute_with_dynamic_batch_size(items, batch)
+            else:
+                out = self._lite.execute(items)
+        except Exception as e:
+            raise _acllite_error("AclLiteModel.execute", e) from e
+        if out is None:
+            raise AclError(f"acllite AclLiteModel.execute failed on {self.path} (acllite only logs the code)",
+                           call="AclLiteModel.execute",
+                           hint="see the acllite log and the CANN plog; api='pyacl' reports the return code")
+        return list(out)
+
+    def _current_dims(self, t: _Tensor, batch: int | None) -> tuple[int, ...]:
+        if self.api_used == "pyacl" and self._dynamic is not None:
+            dims, ret = self._acl.mdl.get_cur_output_dims(self._desc, t.index)
+            check("acl.mdl.get_cur_output_dims", ret, context=f"output {t.meta.name!r}")
+            return tuple(dims["dims"])
+        dims = list(self._max_dims(t))
+        if batch is not None and dims and t.meta.shape[:1] == (-1,):
+            dims[0] = batch      # acllite reports static (largest-gear) dims; axis 0 follows the batch
+        return tuple(dims)
+
+    def _fetch(self, t: _Tensor, batch: int | None, lite_out: list[np.ndarray] | None) -> np.ndarray:
+        from npu_deploy.converters import formats
+
+        dims = self._current_dims(t, batch)
+        nbytes = self._device_nbytes(t, dims)
+        if nbytes > t.size:
+            raise InternalError(f"output {t.meta.name!r}: current dims {dims} need {nbytes} bytes, more than "
+                                f"the {t.size}-byte device buffer")
+        if lite_out is not None:
+            raw = np.ascontiguousarray(lite_out[t.index]).view(np.uint8).reshape(-1)
+            if raw.size < nbytes:
+                raise AclError(f"acllite returned {raw.size} bytes for output {t.meta.name!r}, expected {nbytes}",
+                               call="AclLiteModel.execute")
+            host = raw[:nbytes].view(t.dtype).reshape(dims).copy()
+        else:
+            host = np.empty(dims, dtype=t.dtype)
+            if nbytes:
+                check("acl.rt.memcpy", self._acl.rt.memcpy(host.__array_interface__["data"][0], nbytes, t.ptr,
+                                                           nbytes, ACL_MEMCPY_DEVICE_TO_HOST),
+                      context=f"D2H output {t.meta.name!r}")
+        if t.pack_format is None:
+            return host
+        shape = tuple(dims[0] if (k == 0 and d < 0) else d for k, d in enumerate(t.meta.shape))
+        return formats.unpack(host, t.pack_format, shape, origin=t.meta.format)

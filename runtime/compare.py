@@ -1,0 +1,382 @@
+"""Compare a converted model's outputs with onnxruntime (float32) on the original ONNX model.
+
+:func:`compare` feeds the same inputs (given, loaded from an ``.npz``, or generated with a seed) to
+onnxruntime on the reference ONNX and to an :class:`~npu_deploy.runtime.session.InferenceSession` on the
+target (a bundle on the CPU emulator, an ``.om`` on a device), and judges every output:
+
+* cosine similarity (float64; two all-zero tensors count as 1.0),
+* max absolute error and max relative error (``|t - r| / |r|`` over elements with ``r != 0``),
+* RMSE,
+* the share of elements outside ``|t - r| <= atol + rtol * |r|`` (numpy's ``isclose``; NaN matches NaN and
+  an infinity matches the same infinity),
+* NaN / Inf counts on both sides.
+
+An output passes when its shapes agree, no element is outside the tolerance, the target has no NaN/Inf
+the reference lacks, and (when ``cosine_min`` is set) the cosine is at least ``cosine_min``. Default
+tolerances follow the target's precision mode: ``atol=1e-4, rtol=1e-3`` when the converter kept the
+original dtypes, ``atol=rtol=1e-2`` and ``cosine_min=0.999`` when it ran in float16.
+
+>>> import npu_deploy                                                     # doctest: +SKIP
+>>> res = npu_deploy.compare("model.onnx", "model.bundle", seed=0)        # doctest: +SKIP
+>>> bool(res), res.verdict()                                              # doctest: +SKIP
+(True, 'PASS: 1/1 outputs within atol=0.0001, rtol=0.001 (worst cosine 1.000000)')
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from npu_deploy._result import Result
+from npu_deploy.errors import InputError, ModelError
+
+FP32_TOLERANCE = {"atol": 1e-4, "rtol": 1e-3, "cosine_min": None}
+FP16_TOLERANCE = {"atol": 1e-2, "rtol": 1e-2, "cosine_min": 0.999}
+
+
+@dataclasses.dataclass
+class OutputComparison:
+    """The metrics of one output. ``reason`` says why it failed (empty when it passed)."""
+
+    name: str
+    ref_shape: list
+    target_shape: list
+    ref_dtype: str
+    target_dtype: str
+    cosine: float | None = None
+    max_abs: float | None = None
+    max_rel: float | None = None
+    rmse: float | None = None
+    outside: int = 0
+    outside_share: float = 0.0
+    nan_ref: int = 0
+    nan_target: int = 0
+    inf_ref: int = 0
+    inf_target: int = 0
+    passed: bool = False
+    reason: str = ""
+
+
+@dataclasses.dataclass
+class CompareResult(Result):
+    """The outcome of :func:`compare`: one :class:`OutputComparison` per output, truthy when all pass."""
+
+    SCHEMA = "npu-deploy/compare"
+    SCHEMA_VERSION = 1
+
+    reference: str = ""
+    target: str = ""
+    backend: str = ""
+    atol: float = 0.0
+    rtol: float = 0.0
+    cosine_min: float | None = None
+    seed: int | None = None
+    inputs: dict = dataclasses.field(default_factory=dict)
+    outputs: list = dataclasses.field(default_factory=list)
+
+    def __bool__(self) -> bool:
+        return bool(self.outputs) and all(o.passed for o in self.outputs)
+
+    def failures(self) -> list[OutputComparison]:
+        return [o for o in self.outputs if not o.passed]
+
+    def worst_cosine(self) -> float | None:
+        cs = [o.cosine for o in self.outputs if o.cosine is not None]
+        return min(cs) if cs else None
+
+    def verdict(self) -> str:
+        tol = f"atol={self.atol:g}, rtol={self.rtol:g}" + (
+            f", cosine>={self.cosine_min:g}" if self.cosine_min is not None else "")
+        wc = self.worst_cosine()
+        cos = f" (worst cosine {wc:.6f})" if wc is not None else ""
+        n = len(self.outputs)
+        if not self.outputs:
+            return "FAIL: no outputs compared"
+        if self:
+            return f"PASS: {n}/{n} outputs within {tol}{cos}"
+        bad = self.failures()
+        first = bad[0]
+        return f"FAIL: {len(bad)}/{n} outputs outside {tol}; '{first.name}': {first.reason}"
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "CompareResult":
+        names = {f.name for f in dataclasses.fields(cls)}
+        kw = {k: v for k, v in d.items() if k in names}
+        onames = {f.name for f in dataclasses.fields(OutputComparison)}
+        kw["outputs"] = [o if isinstance(o, OutputComparison) else
+                         OutputComparison(**{k: v for k, v in o.items() if k in onames})
+                         for o in kw.get("outputs", [])]
+        return cls(**kw)
+
+    def table(self) -> str:
+        """Per-output metrics as an aligned text table."""
+        head = (f"{'output':24s} {'shape':>18s} {'cosine':>10s} {'max_abs':>10s} {'max_rel':>10s} "
+                f"{'rmse':>10s} {'outside':>9s} {'nan/inf':>9s}  result")
+        lines = [head]
+
+        def f(v, spec=".3e"):
+            return "-" if v is None else format(v, spec)
+
+        for o in self.outputs:
+            shape = "x".join(map(str, o.target_shape)) or "scalar"
+            naninf = f"{o.nan_target}/{o.inf_target}"
+            lines.append(f"{o.name[:24]:24s} {shape:>18s} {f(o.cosine, '.6f'):>10s} {f(o.max_abs):>10s} "
+                         f"{f(o.max_rel):>10s} {f(o.rmse):>10s} {o.outside_share * 100:8.3f}% {naninf:>9s}  "
+                         + ("ok" if o.passed else "FAIL " + o.reason))
+        return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------------------- metrics
+def compare_arrays(name: str, ref: np.ndarray, target: np.ndarray, *, atol: float, rtol: float,
+                   cosine_min: float | None = None) -> OutputComparison:
+    """Metrics and pass/fail for one output pair.
+
+    >>> c = compare_arrays("y", np.array([1.0, 2.0]), np.array([1.0, 2.1]), atol=0.0, rtol=0.01)
+    >>> c.passed, c.outside, round(c.max_abs, 6)
+    (False, 1, 0.1)
+    """
+    ref = np.asarray(ref)
+    target = np.asarray(target)
+    oc = OutputComparison(name=name, ref_shape=list(ref.shape), target_shape=list(target.shape),
+                          ref_dtype=ref.dtype.name, target_dtype=target.dtype.name)
+    if ref.shape != target.shape:
+        oc.reason = f"shape {tuple(target.shape)} != reference {tuple(ref.shape)}"
+        return oc
+    if ref.dtype.kind not in "biuf" or target.dtype.kind not in "biuf":
+        equal = np.array_equal(ref, target)
+        oc.passed = bool(equal)
+        oc.outside = 0 if equal else int(np.sum(ref != target))
+        oc.outside_share = oc.outside / max(ref.size, 1)
+        oc.reason = "" if equal else f"{oc.outside} of {ref.size} elements differ"
+        return oc
+    r = ref.astype(np.float64, copy=False).ravel()
+    t = target.astype(np.float64, copy=False).ravel()
+    oc.nan_ref, oc.nan_target = int(np.isnan(r).sum()), int(np.isnan(t).sum())
+    oc.inf_ref, oc.inf_target = int(np.isinf(r).sum()), int(np.isinf(t).sum())
+    close = np.isclose(t, r, atol=atol, rtol=rtol, equal_nan=True)
+    oc.outside = int(close.size - np.count_nonzero(close))
+    oc.outside_share = oc.outside / close.size if close.size else 0.0
+    finite = np.isfinite(r) & np.isfinite(t)
+    if r.size:
+        diff = np.abs(t[finite] - r[finite])
+        oc.max_abs = float(diff.max()) if diff.size else 0.0
+        oc.rmse = float(np.sqrt(np.mean(diff * diff))) if diff.size else 0.0
+        nz = r[finite] != 0
+        oc.max_rel = float((diff[nz] / np.abs(r[finite][nz])).max()) if nz.any() else 0.0
+        rf, tf = r[finite], t[finite]
+        nr, nt = np.linalg.norm(rf), np.linalg.norm(tf)
+        if nr == 0 and nt == 0:
+            oc.cosine = 1.0
+        elif nr == 0 or nt == 0:
+            oc.cosine = 0.0
+        else:
+            oc.cosine = float(np.dot(rf / nr, tf / nt))
+    else:
+        oc.max_abs = oc.rmse = oc.max_rel = 0.0
+        oc.cosine = 1.0
+    reasons = []
+    if oc.outside:
+        reasons.append(f"{oc.outside} of {close.size} elements ({oc.outside_share * 100:.3g} %) outside "
+                       f"tolerance, max abs error {oc.max_abs:.3g}")
+    if oc.nan_target > oc.nan_ref or oc.inf_target > oc.inf_ref:
+        reasons.append(f"target has {oc.nan_target} NaN / {oc.inf_target} Inf "
+                       f"(reference {oc.nan_ref} / {oc.inf_ref})")
+    if cosine_min is not None and oc.cosine is not None and oc.cosine < cosine_min:
+        reasons.append(f"cosine {oc.cosine:.6f} < {cosine_min:g}")
+    oc.passed = not reasons
+    oc.reason = "; ".join(reasons)
+    return oc
+
+
+# ----------------------------------------------------------------------------------------- inputs
+def generate_inputs(metas: Sequence[Any], *, seed: int = 0,
+                    shapes: Mapping[str, Sequence[int]] | None = None) -> dict[str, np.ndarray]:
+    """Random inputs for ``metas`` (objects with ``name``, ``shape``, ``dtype``, optional ``gears``).
+
+    Floats are uniform in [0, 1); integers 0 or 1 (safe for ids, masks and type ids alike); booleans
+    random. Dynamic dims come from ``shapes``, else the first gear, else 1.
+
+    >>> from npu_deploy.runtime.backend import TensorMeta
+    >>> x = generate_inputs([TensorMeta("x", (-1, 3), "float32")], seed=0)["x"]
+    >>> x.shape, x.dtype.name
+    ((1, 3), 'float32')
+    """
+    rng = np.random.default_rng(seed)
+    out = {}
+    for m in metas:
+        dtype = np.dtype(m.dtype)
+        if shapes and m.name in shapes:
+            shape = tuple(int(d) for d in shapes[m.name])
+        elif getattr(m, "gears", None):
+            shape = tuple(m.gears[0])
+        else:
+            shape = tuple(d if d >= 0 else 1 for d in m.shape)
+        if dtype.kind == "f":
+            a = rng.random(shape, dtype=np.float64).astype(dtype)
+        elif dtype.kind in "iu":
+            a = rng.integers(0, 2, size=shape).astype(dtype)
+        elif dtype.kind == "b":
+            a = rng.random(shape) < 0.5
+        else:
+            raise InputError(f"input {m.name!r}: cannot generate data of dtype {dtype}",
+                             hint="give the input with --input NAME=FILE.npy")
+        out[m.name] = a
+    return out
+
+
+def save_inputs(path: str | os.PathLike, feeds: Mapping[str, np.ndarray]) -> None:
+    """Write feeds to an ``.npz`` (atomically) so that a failing case can be replayed."""
+    from npu_deploy._io import atomic_path
+
+    with atomic_path(path) as tmp:
+        with open(tmp, "wb") as f:
+            np.savez(f, **{k: np.asarray(v) for k, v in feeds.items()})
+
+
+def load_inputs(path: str | os.PathLike) -> dict[str, np.ndarray]:
+    """Read feeds from an ``.npz`` written by :func:`save_inputs` (no pickle)."""
+    p = Path(path)
+    if not p.is_file():
+        raise InputError(f"inputs file {p} does not exist", hint="give the .npz written by --save-inputs")
+    try:
+        with np.load(p, allow_pickle=False) as z:
+            return {k: z[k] for k in z.files}
+    except (ValueError, OSError) as e:
+        raise InputError(f"{p}: not a readable .npz of arrays ({e})",
+                         hint="give the .npz written by --save-inputs") from e
+
+
+# ----------------------------------------------------------------------------------------- reference
+class OnnxruntimeReference:
+    """onnxruntime (CPU, float32) on an ONNX file, with the same ``get_inputs``/``run`` shape as a
+    session. Used for the reference side of :func:`compare`."""
+
+    def __init__(self, path: str | os.PathLike):
+        import onnxruntime as ort
+
+        from npu_deploy.runtime.backend import TensorMeta
+
+        p = Path(path)
+        if not p.is_file():
+            raise InputError(f"reference model {p} does not exist", hint="give the original .onnx file")
+        opts = ort.SessionOptions()
+        opts.log_severity_level = 3
+        try:
+            self._sess = ort.InferenceSession(str(p), opts, providers=["CPUExecutionProvider"])
+        except Exception as e:  # onnxruntime raises its own exception types
+            raise ModelError(f"{p}: onnxruntime cannot load it as ONNX ({str(e).splitlines()[0][:200]})",
+                             hint="give the original .onnx model as the reference") from e
+        self.path = p
+        self.name = "onnxruntime"
+        self._inputs = [TensorMeta(i.name, tuple(d if isinstance(d, int) else -1 for d in i.shape),
+                                   _ort_dtype(i.type)) for i in self._sess.get_inputs()]
+        self._outputs = [TensorMeta(o.name, tuple(d if isinstance(d, int) else -1 for d in (o.shape or [])),
+                                    _ort_dtype(o.type)) for o in self._sess.get_outputs()]
+
+    def get_inputs(self):
+        return list(self._inputs)
+
+    def get_outputs(self):
+        return list(self._outputs)
+
+    def run(self, output_names, feeds):
+        try:
+            return self._sess.run(output_names, dict(feeds))
+        except Exception as e:
+            raise InputError(f"onnxruntime failed on the reference {self.path.name}: "
+                             f"{str(e).splitlines()[0][:300]}",
+                             hint="check the input shapes and dtypes (--input-shape, --load-inputs)") from e
+
+
+_ORT_TYPES = {"tensor(float)": "float32", "tensor(float16)": "float16", "tensor(double)": "float64",
+              "tensor(int8)": "int8", "tensor(uint8)": "uint8", "tensor(int16)": "int16",
+              "tensor(uint16)": "uint16", "tensor(int32)": "int32", "tensor(uint32)": "uint32",
+              "tensor(int64)": "int64", "tensor(uint64)": "uint64", "tensor(bool)": "bool"}
+
+
+def _ort_dtype(t: str) -> np.dtype:
+    if t not in _ORT_TYPES:
+        raise ModelError(f"tensor type {t} is not supported by compare")
+    return np.dtype(_ORT_TYPES[t])
+
+
+def _open_target(target: Any, *, backend: str, device_id: int):
+    """A session-like object for ``target`` and whether we own it (must close it)."""
+    if hasattr(target, "run") and hasattr(target, "get_inputs"):
+        return target, False
+    from npu_deploy.runtime.session import InferenceSession
+
+    return InferenceSession(target, device_id=device_id, backend=backend), True
+
+
+def compare(reference_onnx: str | os.PathLike, target: Any, *,
+            inputs: Mapping[str, np.ndarray] | None = None, seed: int = 0,
+            input_shapes: Mapping[str, Sequence[int]] | None = None,
+            atol: float | None = None, rtol: float | None = None, cosine_min: float | None = None,
+            output_names: Sequence[str] | None = None, backend: str = "auto", device_id: int = 0,
+            save_inputs_to: str | os.PathLike | None = None) -> CompareResult:
+    """Run onnxruntime on ``reference_onnx`` and the target model on the same inputs; judge every output.
+
+    ``target`` is a bundle or ``.om`` path (opened with ``InferenceSession(target, backend=backend)``)
+    or an already-open session/backend. ``inputs`` default to random data from ``seed`` shaped by the
+    target's inputs (``input_shapes`` fixes dynamic dims). Tolerances default by the target's precision
+    mode (see the module docstring). ``save_inputs_to`` writes the inputs used to an ``.npz``.
+
+    >>> res = compare("model.onnx", "model.bundle", atol=1e-3)   # doctest: +SKIP
+    >>> print(res.table()); print(res.verdict())                 # doctest: +SKIP
+    """
+    ref = OnnxruntimeReference(reference_onnx)
+    sess, owned = _open_target(target, backend=backend, device_id=device_id)
+    try:
+        precision = getattr(sess, "precision_mode", None) or "must_keep_origin_dtype"
+        defaults = FP16_TOLERANCE if precision in ("force_fp16", "allow_fp32_to_fp16",
+                                                    "allow_mix_precision") else FP32_TOLERANCE
+        atol = defaults["atol"] if atol is None else float(atol)
+        rtol = defaults["rtol"] if rtol is None else float(rtol)
+        if cosine_min is None:
+            cosine_min = defaults["cosine_min"]
+        if atol < 0 or rtol < 0:
+            raise InputError(f"tolerances must not be negative (atol={atol}, rtol={rtol})")
+        tmetas = sess.get_inputs()
+        if inputs is None:
+            feeds = generate_inputs(tmetas, seed=seed, shapes=input_shapes)
+        else:
+            feeds = {k: np.asarray(v) for k, v in inputs.items()}
+            seed = None
+        ref_names = {m.name for m in ref.get_inputs()}
+        missing = [m.name for m in tmetas if m.name not in ref_names]
+        if missing:
+            raise InputError(f"target input(s) {', '.join(missing)} are not inputs of the reference "
+                             f"{Path(reference_onnx).name}",
+                             hint="compare the converted model with the ONNX model it was converted from")
+        if save_inputs_to is not None:
+            save_inputs(save_inputs_to, feeds)
+        target_out_names = [m.name for m in sess.get_outputs()]
+        names = list(output_names) if output_names else target_out_names
+        ref_out_names = {m.name for m in ref.get_outputs()}
+        unknown = [n for n in names if n not in ref_out_names]
+        if unknown:
+            raise InputError(f"output(s) {', '.join(unknown)} are not outputs of the reference",
+                             hint=f"the reference's outputs are {', '.join(sorted(ref_out_names))}")
+        ref_feeds = {}
+        for m in ref.get_inputs():
+            if m.name in feeds:
+                a = feeds[m.name]
+                ref_feeds[m.name] = a.astype(m.dtype) if a.dtype != m.dtype and \
+                    np.can_cast(a.dtype, m.dtype, "safe") else a
+        tgt_outs = sess.run(names, feeds)  # first: the session's feed check gives the clearer message
+        ref_outs = ref.run(names, ref_feeds)
+        comps = [compare_arrays(n, r, t, atol=atol, rtol=rtol, cosine_min=cosine_min)
+                 for n, r, t in zip(names, ref_outs, tgt_outs)]
+        return CompareResult(reference=str(reference_onnx), target=str(getattr(sess, "path", target)),
+                             backend=getattr(sess, "backend_name", getattr(sess, "name", "")),
+                             atol=atol, rtol=rtol, cosine_min=cosine_min, seed=seed,
+                             inputs={k: {"shape": list(v.shape), "dtype": v.dtype.name} for k, v in feeds.items()},
+                             outputs=comps)
+    finally:
+        if owned:
+            sess.close()

@@ -1,0 +1,77 @@
+"""`npu-deploy compare` through the real entry point: exit 0 / 1 / 2, replay with --save/--load-inputs."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import onnx
+import pytest
+from onnx import numpy_helper
+
+from tests.runtime.bundles import conv_model, io_entry, make_bundle
+
+
+@pytest.fixture
+def files(tmp_path):
+    model, _ = conv_model()
+    ref = tmp_path / "ref.onnx"
+    onnx.save(model, ref)
+    good = make_bundle(tmp_path / "good.bundle", model,
+                       inputs=[io_entry("x", [1, 3, 6, 6], fmt="NCHW", device_format="NC1HWC0", c0=16)],
+                       outputs=[io_entry("y", [1, 8, 6, 6], fmt="NCHW")], packed={"W": ("FRACTAL_Z", {})})
+    bad_model, _ = conv_model()
+    b = bad_model.graph.initializer[1]
+    b.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(b) + 0.01, "B"))
+    bad = make_bundle(tmp_path / "bad.bundle", bad_model, inputs=[io_entry("x", [1, 3, 6, 6], fmt="NCHW")],
+                      outputs=[io_entry("y", [1, 8, 6, 6], fmt="NCHW")])
+    return ref, good, bad
+
+
+def test_pass_exit_0(run_cli, files, tmp_path):
+    ref, good, _ = files
+    code, out, err = run_cli("compare", ref, good, "--json", tmp_path / "c.json")
+    assert code == 0, err
+    for col in ("cosine", "max_abs", "max_rel", "rmse", "outside", "nan/inf"):
+        assert col in out
+    assert out.strip().splitlines()[-1].startswith("PASS")
+    d = json.loads((tmp_path / "c.json").read_text())
+    assert d["ok"] is True and d["outputs"][0]["name"] == "y"
+
+
+def test_fail_exit_1_and_replay(run_cli, files, tmp_path):
+    ref, _, bad = files
+    npz = tmp_path / "case.npz"
+    code, out, err = run_cli("compare", ref, bad, "--seed", "3", "--save-inputs", npz)
+    assert code == 1, err
+    assert out.strip().splitlines()[-1].startswith("FAIL")
+    code2, out2, _ = run_cli("compare", ref, bad, "--load-inputs", npz)
+    assert code2 == 1
+    # same inputs → same metrics line for y
+    line = [ln for ln in out.splitlines() if ln.startswith("y ")]
+    line2 = [ln for ln in out2.splitlines() if ln.startswith("y ")]
+    assert line == line2
+    # a loose tolerance makes it pass
+    assert run_cli("compare", ref, bad, "--load-inputs", npz, "--atol", "0.05")[0] == 0
+    saved = np.load(npz)
+    assert saved["x"].shape == (1, 3, 6, 6)
+
+
+def test_given_input_file(run_cli, files, tmp_path):
+    ref, good, _ = files
+    np.save(tmp_path / "x.npy", np.full((1, 3, 6, 6), 0.25, np.float32))
+    code, out, err = run_cli("compare", ref, good, "--input", f"x={tmp_path / 'x.npy'}", "--save-inputs",
+                             tmp_path / "s.npz")
+    assert code == 0, err
+    assert np.all(np.load(tmp_path / "s.npz")["x"] == 0.25)
+
+
+def test_bad_input_exit_2(run_cli, files, tmp_path):
+    ref, good, _ = files
+    code, _, err = run_cli("compare", ref, good, "--load-inputs", tmp_path / "none.npz")
+    assert code == 2 and "does not exist" in err and "Traceback" not in err
+    np.savez(tmp_path / "wrong.npz", x=np.zeros((1, 3, 5, 5), np.float32))
+    code, _, err = run_cli("compare", ref, good, "--load-inputs", tmp_path / "wrong.npz")
+    assert code == 2 and "shape" in err
+    code, _, err = run_cli("compare", good, good)
+    assert code == 2 and "onnxruntime cannot load" in err

@@ -1,0 +1,566 @@
+"""The ACL backend against the strict stand-ins of pyACL (``tests/standins/acl``) and acllite.
+
+The stand-in is the oracle of the documented contract: it tracks every allocation, context, dataset
+and model, refuses out-of-order calls with the documented codes, and reports leaks and order
+violations. Models are real ``.om`` files built with ``tests/standins/omfile.py``; the stand-in reads
+their description itself and "executes" them with a function the test writes, so expected device
+bytes and outputs are computed independently here (index loops, numpy).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from npu_deploy.errors import AclError, DependencyError, InputError, OmError
+from npu_deploy.runtime import device
+from npu_deploy.runtime.acl import AclBackend
+from tests.standins.omfile import build_om, tensor
+
+STANDINS = Path(__file__).resolve().parents[1] / "standins"
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _purge_standins() -> None:
+    for name, mod in list(sys.modules.items()):
+        f = getattr(mod, "__file__", None) or ""
+        if name == "acl" or name.startswith("acl.") or (f and str(STANDINS) in f and "." not in name):
+            del sys.modules[name]
+
+
+@pytest.fixture
+def acl(monkeypatch):
+    """The stand-in ``acl`` importable as ``acl``; reset before, everything shut down and forgotten after."""
+    device.shutdown()
+    _purge_standins()
+    monkeypatch.syspath_prepend(str(STANDINS))
+    import acl as mod
+
+    mod._standin.reset()
+    yield mod
+    device.shutdown()
+    _purge_standins()
+
+
+@pytest.fixture
+def acllite(acl, monkeypatch):
+    monkeypatch.syspath_prepend(str(STANDINS / "acllite"))
+    return acl
+
+
+def st(acl):
+    return acl._standin
+
+
+def static_model(tmp_path, name="m", soc="Ascend310P3"):
+    return build_om(tmp_path / f"{name}.om", soc_version=soc,
+                    inputs=[tensor("x", "float32", [2, 3, 4], "ND")],
+                    outputs=[tensor("y", "float32", [2, 3, 4], "ND"), tensor("s", "float32", [2], "ND")])
+
+
+def affine(spec, inputs, batch):
+    """y = 2x + 1, s = row sums of x (computed from the device bytes)."""
+    x = np.frombuffer(inputs["x"], np.float32).reshape(2, 3, 4)
+    return [(2 * x + 1).astype(np.float32).tobytes(), x.sum(axis=(1, 2)).astype(np.float32).tobytes()]
+
+
+def teardown_calls(calls):
+    wanted = ("acl.mdl.destroy_dataset", "acl.mdl.unload", "acl.mdl.destroy_desc", "acl.rt.destroy_stream",
+              "acl.rt.destroy_context", "acl.rt.reset_device", "acl.finalize")
+    return [c for c in calls if c in wanted]
+
+
+# ---------------------------------------------------------------------------------------------------
+# life cycle
+
+
+def test_full_lifecycle_reuses_buffers_and_ends_clean(acl, tmp_path):
+    path = static_model(tmp_path)
+    st(acl).set_compute(path, affine)
+    rng = np.random.default_rng(0)
+    b = AclBackend(path, api="pyacl")
+    with b:
+        assert b.api_used == "pyacl"
+        (x_meta,) = b.get_inputs()
+        assert (x_meta.name, x_meta.shape, x_meta.dtype, x_meta.nbytes) == ("x", (2, 3, 4), np.float32, 96)
+        assert [m.name for m in b.get_outputs()] == ["y", "s"]
+        for _ in range(3):
+            x = rng.standard_normal((2, 3, 4)).astype(np.float32)
+            y, s = b.run(None, {"x": x})
+            np.testing.assert_array_equal(y, 2 * x + 1)
+            np.testing.assert_allclose(s, x.sum(axis=(1, 2)), rtol=1e-6)
+        (s_only,) = b.run(["s"], {"x": x})
+        np.testing.assert_allclose(s_only, x.sum(axis=(1, 2)), rtol=1e-6)
+    calls = st(acl).calls()
+    # one buffer per input and output, made once and reused by the four runs
+    assert calls.count("acl.rt.malloc") == 3
+    assert calls.count("acl.mdl.execute") == 4
+    assert calls.count("acl.mdl.load_from_file") == 1
+    st(acl).assert_clean(finalized=False)          # released; acl.finalize waits for interpreter exit
+    device.shutdown()
+    st(acl).assert_clean()
+    assert teardown_calls(st(acl).calls()) == [
+        "acl.mdl.destroy_dataset", "acl.mdl.destroy_dataset", "acl.mdl.unload", "acl.mdl.destroy_desc",
+        "acl.rt.destroy_stream", "acl.rt.destroy_context", "acl.rt.reset_device", "acl.finalize"]
+
+
+def test_two_sessions_share_one_init_and_one_device_context(acl, tmp_path):
+    path = static_model(tmp_path)
+    st(acl).set_compute(path, affine)
+    x = np.ones((2, 3, 4), np.float32)
+    with AclBackend(path, api="pyacl") as a, AclBackend(path, api="pyacl") as b:
+        assert device.status()["devices"] == {0: 2}
+        np.testing.assert_array_equal(a.run(["y"], {"x": x})[0], b.run(["y"], {"x": x})[0])
+    calls = st(acl).calls()
+    assert calls.count("acl.init") == 1 and calls.count("acl.rt.set_device") == 1
+    assert calls.count("acl.rt.create_context") == 1
+    device.shutdown()
+    st(acl).assert_clean()
+
+
+def test_inference_session_runs_an_om_through_the_acl_backend(acl, tmp_path):
+    from npu_deploy.runtime.session import InferenceSession
+
+    path = static_model(tmp_path)
+    st(acl).set_compute(path, affine)
+    x = np.arange(24, dtype=np.float32).reshape(2, 3, 4)
+    with InferenceSession(path) as sess:
+        assert sess.backend_name == "acl"
+        y, s = sess.run(None, {"x": x})
+    np.testing.assert_array_equal(y, 2 * x + 1)
+    device.shutdown()
+    st(acl).assert_clean()
+
+
+def test_bad_feeds_are_refused_before_any_device_copy(acl, tmp_path):
+    path = static_model(tmp_path)
+    st(acl).set_compute(path, affine)
+    with AclBackend(path, api="pyacl") as b:
+        before = len(st(acl).calls())
+        with pytest.raises(InputError, match="shape"):
+            b.run(None, {"x": np.zeros((2, 3, 5), np.float32)})
+        with pytest.raises(InputError, match="float64"):
+            b.run(None, {"x": np.zeros((2, 3, 4), np.float64)})
+        with pytest.raises(InputError, match="missing"):
+            b.run(None, {})
+        assert st(acl).calls()[before:] == []
+
+
+# ---------------------------------------------------------------------------------------------------
+# layout conversion at the transfer
+
+
+def nc1hwc0_by_loop(x: np.ndarray, c0: int) -> np.ndarray:
+    n, c, h, w = x.shape
+    c1 = -(-c // c0)
+    out = np.zeros((n, c1, h, w, c0), x.dtype)
+    for i in range(n):
+        for k1 in range(c1):
+            for k0 in range(c0):
+                ch = k1 * c0 + k0
+                if ch < c:
+                    for hh in range(h):
+                        for ww in range(w):
+                            out[i, k1, hh, ww, k0] = x[i, ch, hh, ww]
+    return out
+
+
+def nz_by_loop(x: np.ndarray, c0: int) -> np.ndarray:
+    m, n = x.shape
+    m1, n1 = -(-m // 16), -(-n // c0)
+    out = np.zeros((n1, m1, 16, c0), x.dtype)
+    for i in range(m):
+        for j in range(n):
+            out[j // c0, i // 16, i % 16, j % c0] = x[i, j]
+    return out
+
+
+@pytest.mark.parametrize("channels,dtype,c0", [(3, "float16", 16), (20, "float16", 16), (5, "int8", 32)])
+def test_nc1hwc0_input_is_packed_and_output_unpacked(acl, tmp_path, channels, dtype, c0):
+    n, h, w = 2, 3, 4
+    c1 = -(-channels // c0)
+    dev = [n, c1, h, w, c0]
+    path = build_om(tmp_path / "m.om",
+                    inputs=[tensor("x", dtype, dev, "NC1HWC0", origin_shape=[n, channels, h, w],
+                                   origin_format="NCHW")],
+                    outputs=[tensor("y", dtype, dev, "NC1HWC0", origin_shape=[n, channels, h, w],
+                                    origin_format="NCHW")])
+
+    def negate(spec, inputs, batch):   # elementwise on the device layout: padding stays zero
+        return [(-np.frombuffer(inputs["x"], dtype)).astype(dtype).tobytes()]
+
+    st(acl).set_compute(path, negate)
+    rng = np.random.default_rng(channels)
+    x = (rng.integers(-50, 50, (n, channels, h, w))).astype(dtype)
+    with AclBackend(path, api="pyacl") as b:
+        (meta,) = b.get_inputs()
+        assert (meta.shape, meta.format, meta.device_format) == ((n, channels, h, w), "NCHW", "NC1HWC0")
+        (y,) = b.run(None, {"x": x})
+    assert st(acl).executions()[-1].inputs["x"] == nc1hwc0_by_loop(x, c0).tobytes()
+    assert y.shape == x.shape and y.dtype == np.dtype(dtype)
+    np.testing.assert_array_equal(y, -x)
+
+
+def test_fractal_nz_output_is_unpacked(acl, tmp_path):
+    m, n = 20, 35
+    path = build_om(tmp_path / "nz.om", inputs=[tensor("a", "float16", [m, n], "ND")],
+                    outputs=[tensor("b", "float16", [3, 2, 16, 16], "FRACTAL_NZ", origin_shape=[m, n],
+                                    origin_format="ND")])
+
+    def plus_one_nz(spec, inputs, batch):
+        a = np.frombuffer(inputs["a"], np.float16).reshape(m, n)
+        return [nz_by_loop((a + 1).astype(np.float16), 16).tobytes()]
+
+    st(acl).set_compute(path, plus_one_nz)
+    a = np.random.default_rng(1).standard_normal((m, n)).astype(np.float16)
+    with AclBackend(path, api="pyacl") as b:
+        assert b.get_outputs()[0].shape == (m, n)
+        (out,) = b.run(None, {"a": a})
+    np.testing.assert_array_equal(out, (a + 1).astype(np.float16))
+
+
+def test_size_mismatch_between_description_and_dims_is_explained(acl, tmp_path):
+    path = build_om(tmp_path / "bad.om", inputs=[tensor("x", "float32", [1, 3, 8, 8], "NCHW", size=100)],
+                    outputs=[tensor("y", "float32", [1, 10], "ND")])
+    with pytest.raises(OmError, match=r"100-byte device buffer \(acl.mdl.get_input_size_by_index\).*768"):
+        AclBackend(path, api="pyacl").activate()
+    device.shutdown()
+    st(acl).assert_clean()
+
+
+# ---------------------------------------------------------------------------------------------------
+# return codes -> errors, and release on every failure path
+
+
+@pytest.mark.parametrize("call,code,meaning", [
+    ("acl.mdl.execute", 507011, "model execution failed"),
+    ("acl.rt.memcpy", 100000, "invalid parameter"),
+    ("acl.mdl.execute", 507015, "AI Core exception"),
+])
+def test_run_failure_maps_the_code_and_the_session_recovers(acl, tmp_path, call, code, meaning):
+    path = static_model(tmp_path)
+    st(acl).set_compute(path, affine)
+    x = np.ones((2, 3, 4), np.float32)
+    with AclBackend(path, api="pyacl") as b:
+        st(acl).fail(call, code)
+        with pytest.raises(AclError) as info:
+            b.run(None, {"x": x})
+        assert (info.value.call, info.value.code, info.value.exit_code) == (call, code, 3)
+        assert f"{call} returned {code}" in str(info.value) and meaning in str(info.value)
+        np.testing.assert_array_equal(b.run(["y"], {"x": x})[0], 2 * x + 1)
+    device.shutdown()
+    st(acl).assert_clean()
+
+
+@pytest.mark.parametrize("call,code,after", [
+    ("acl.mdl.load_from_file", 545001, 0),
+    ("acl.rt.malloc", 207001, 2),          # third allocation fails: two buffers must still be freed
+    ("acl.rt.create_stream", 107002, 0),
+    ("acl.mdl.get_desc", 100000, 0),
+])
+def test_failed_activation_releases_everything(acl, tmp_path, call, code, after):
+    path = static_model(tmp_path)
+    st(acl).fail(call, code, after=after)
+    b = AclBackend(path, api="pyacl")
+    with pytest.raises(AclError) as info:
+        b.activate()
+    assert info.value.code == code and info.value.call == call
+    assert not b.is_active
+    assert st(acl).leaks() == []
+    device.shutdown()
+    st(acl).assert_clean()
+
+
+def test_exception_inside_with_block_releases(acl, tmp_path):
+    path = static_model(tmp_path)
+    st(acl).set_compute(path, affine)
+    with pytest.raises(RuntimeError):
+        with AclBackend(path, api="pyacl") as b:
+            b.run(None, {"x": np.ones((2, 3, 4), np.float32)})
+            raise RuntimeError("user code failed")
+    assert st(acl).leaks() == []
+    device.shutdown()
+    st(acl).assert_clean()
+
+
+def test_error_codes_table():
+    from npu_deploy.runtime.acl_codes import check, describe, error_for
+
+    assert describe(507011).meaning == "model execution failed"
+    assert describe(100000).meaning == "invalid parameter"
+    assert describe(107002).name == "ACL_ERROR_RT_CONTEXT_NULL"
+    e = error_for("acl.mdl.load_from_file", 507008, context="m.om")
+    assert "507008" in str(e) and "another SoC" in str(e) and "m.om" in str(e) and e.hint
+    unknown = error_for("acl.rt.malloc", 123456)
+    assert "123456" in str(unknown) and "unlisted" in str(unknown)
+    check("acl.init", 0)
+    with pytest.raises(AclError):
+        check("acl.init", 100001)
+
+
+# ---------------------------------------------------------------------------------------------------
+# preflight
+
+
+def test_soc_mismatch_is_reported_before_loading(acl, tmp_path):
+    path = static_model(tmp_path, soc="Ascend910B1")
+    st(acl).set_soc_name("Ascend310P3")
+    with pytest.raises(OmError) as info:
+        AclBackend(path, api="pyacl").activate()
+    msg = str(info.value)
+    assert "Ascend910B1" in msg and "Ascend310P3" in msg and "--soc_version=Ascend310P3" in msg
+    assert info.value.exit_code == 2
+    assert "acl.mdl.load_from_file" not in st(acl).calls()
+    assert "acl.rt.set_device" not in st(acl).calls()
+    device.shutdown()
+    st(acl).assert_clean()
+
+
+def test_dynamic_batch_on_a_static_model_is_refused_before_acl(acl, tmp_path):
+    path = static_model(tmp_path)
+    with pytest.raises(InputError, match="built without dynamic batch"):
+        AclBackend(path, api="pyacl", dynamic_batch=4).activate()
+    assert st(acl).calls() == []
+
+
+def dyn_model(tmp_path, gears=(1, 2, 4, 8)):
+    return build_om(tmp_path / "dyn.om", inputs=[tensor("x", "float32", [-1, 3, 2, 2], "NCHW")],
+                    outputs=[tensor("y", "float32", [-1, 12], "ND")], dynamic_batch=list(gears))
+
+
+def test_batch_that_is_not_a_gear_names_the_gears(acl, tmp_path):
+    path = dyn_model(tmp_path)
+    with pytest.raises(InputError, match=r"batch 3 is not a gear.*\[1, 2, 4, 8\]"):
+        AclBackend(path, api="pyacl", dynamic_batch=3).activate()
+    with pytest.raises(InputError, match="built without dynamic dims"):
+        AclBackend(path, api="pyacl", dynamic_dims=[1, 2]).activate()
+    assert st(acl).calls() == []
+
+
+def triple(spec, inputs, batch):
+    return [(np.frombuffer(inputs["x"], np.float32) * 3).astype(np.float32).tobytes()]
+
+
+def test_dynamic_batch_gear_selection(acl, tmp_path):
+    path = dyn_model(tmp_path)
+    st(acl).set_compute(path, triple)
+    rng = np.random.default_rng(2)
+    with AclBackend(path, api="pyacl", dynamic_batch=4) as b:
+        (x_meta,) = b.get_inputs()
+        assert x_meta.shape == (-1, 3, 2, 2) and x_meta.gears[-1] == (8, 3, 2, 2)
+        for batch, gear in [(2, 2), (3, 4), (8, 8), (1, 1)]:
+            x = rng.standard_normal((batch, 3, 2, 2)).astype(np.float32)
+            (y,) = b.run(None, {"x": x})
+            assert y.shape == (batch, 12)
+            np.testing.assert_allclose(y, x.reshape(batch, 12) * 3, rtol=1e-6)
+            ex = st(acl).executions()[-1]
+            assert ex.batch == gear
+            # the device saw the real rows then zero padding, never more than the gear
+            assert len(ex.inputs["x"]) == gear * 48
+            assert ex.inputs["x"][: batch * 48] == x.tobytes()
+        with pytest.raises(InputError, match="gear"):
+            b.run(None, {"x": np.zeros((9, 3, 2, 2), np.float32)})
+    log = st(acl).call_log()
+    assert [c[1] for c in log if c[0] == "acl.mdl.set_dynamic_batch_size"] == [0, 0, 0, 0]
+    device.shutdown()
+    st(acl).assert_clean()
+
+
+def test_invalid_gear_code_from_the_runtime_is_mapped(acl, tmp_path):
+    path = dyn_model(tmp_path)
+    st(acl).set_compute(path, triple)
+    with AclBackend(path, api="pyacl") as b:
+        st(acl).fail("acl.mdl.set_dynamic_batch_size", 145013)
+        with pytest.raises(AclError, match="not one of the model's gears"):
+            b.run(None, {"x": np.zeros((2, 3, 2, 2), np.float32)})
+
+
+# ---------------------------------------------------------------------------------------------------
+# threads, exit, missing dependency
+
+
+def test_two_threads_share_one_session(acl, tmp_path):
+    path = static_model(tmp_path)
+    st(acl).set_compute(path, affine)
+    errors: list[BaseException] = []
+    with AclBackend(path, api="pyacl") as b:
+        def worker(seed: int) -> None:
+            try:
+                rng = np.random.default_rng(seed)
+                for _ in range(15):
+                    x = rng.standard_normal((2, 3, 4)).astype(np.float32)
+                    y, s = b.run(None, {"x": x})
+                    np.testing.assert_array_equal(y, 2 * x + 1)
+            except BaseException as e:   # re-raised in the main thread
+                errors.append(e)
+
+        threads = [threading.Thread(target=worker, args=(k,), name=f"worker-{k}") for k in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    assert errors == []
+    seen = {e.thread for e in st(acl).executions()}
+    assert seen == {"worker-0", "worker-1"}
+    assert st(acl).violations() == []
+    device.shutdown()
+    st(acl).assert_clean()
+
+
+def test_close_from_another_thread_sets_the_context_there(acl, tmp_path):
+    path = static_model(tmp_path)
+    b = AclBackend(path, api="pyacl")
+    b.activate()
+    t = threading.Thread(target=b.deactivate)
+    t.start()
+    t.join()
+    assert st(acl).violations() == []
+    device.shutdown()
+    st(acl).assert_clean()
+
+
+def test_teardown_at_interpreter_exit(tmp_path):
+    path = static_model(tmp_path)
+    log = tmp_path / "acl.log"
+    script = textwrap.dedent(f"""
+        import sys
+        sys.path.insert(0, {str(STANDINS)!r})
+        import numpy as np
+        import acl
+        from npu_deploy.runtime.acl import AclBackend
+        b = AclBackend({str(path)!r}, api="pyacl")
+        b.activate()
+        b.run(None, {{"x": np.ones((2, 3, 4), np.float32)}})
+        # exit without closing
+    """)
+    env = dict(os.environ, NPU_STANDIN_ACL_LOG=str(log))
+    proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True,
+                          cwd=str(REPO), timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert "warning" not in proc.stderr
+    records = [json.loads(line) for line in log.read_text().splitlines()]
+    assert [r["event"] for r in records] == ["finalize", "exit"]
+    fin = records[0]
+    assert fin["leaks"] == [] and fin["violations"] == []
+    end = records[1]                    # written by the stand-in's own atexit hook, after ours
+    assert end["finalized"] and end["leaks"] == [] and end["violations"] == []
+    assert end["calls"][-1] == "acl.finalize" and end["calls"].count("acl.finalize") == 1
+    assert teardown_calls(end["calls"]) == [
+        "acl.mdl.destroy_dataset", "acl.mdl.destroy_dataset", "acl.mdl.unload", "acl.mdl.destroy_desc",
+        "acl.rt.destroy_stream", "acl.rt.destroy_context", "acl.rt.reset_device", "acl.finalize"]
+
+
+def test_missing_pyacl_is_a_dependency_error(tmp_path):
+    import importlib.util
+
+    if importlib.util.find_spec("acl") is not None:
+        pytest.skip("an `acl` module is importable in this environment")
+    device.shutdown()
+    path = static_model(tmp_path)
+    with pytest.raises(DependencyError) as info:
+        AclBackend(path).activate()
+    assert "set_env.sh" in str(info.value) and info.value.exit_code == 3
+
+
+def test_missing_pyacl_through_the_cli_exits_3(tmp_path, run_cli):
+    import importlib.util
+
+    if importlib.util.find_spec("acl") is not None:
+        pytest.skip("an `acl` module is importable in this environment")
+    path = static_model(tmp_path)
+    code, out, err = run_cli("run", str(path))
+    assert code == 3, (out, err)
+    assert "pyACL" in err and "Traceback" not in err
+
+
+def test_unrelated_acl_module_is_recognised(tmp_path, monkeypatch):
+    fake = tmp_path / "fake"
+    fake.mkdir()
+    (fake / "acl.py").write_text("'''a network ACL parser'''\n")
+    device.shutdown()
+    monkeypatch.syspath_prepend(str(fake))
+    sys.modules.pop("acl", None)
+    try:
+        with pytest.raises(DependencyError, match="not pyACL"):
+            AclBackend(static_model(tmp_path)).activate()
+    finally:
+        sys.modules.pop("acl", None)
+
+
+# ---------------------------------------------------------------------------------------------------
+# acllite
+
+
+def test_acllite_is_preferred_and_runs_clean(acllite, tmp_path):
+    acl = acllite
+    path = static_model(tmp_path)
+    st(acl).set_compute(path, affine)
+    x = np.arange(24, dtype=np.float32).reshape(2, 3, 4)
+    with AclBackend(path) as b:
+        assert b.api_used == "acllite"
+        for _ in range(2):
+            y, s = b.run(None, {"x": x})
+            np.testing.assert_array_equal(y, 2 * x + 1)
+            np.testing.assert_allclose(s, x.sum(axis=(1, 2)))
+    import acllite_model
+
+    assert acllite_model.log == []
+    device.shutdown()
+    st(acl).assert_clean()
+
+
+def test_acllite_dynamic_batch_and_nc1hwc0(acllite, tmp_path):
+    acl = acllite
+    path = dyn_model(tmp_path)
+    st(acl).set_compute(path, triple)
+    x = np.random.default_rng(3).standard_normal((3, 3, 2, 2)).astype(np.float32)
+    with AclBackend(path, api="acllite") as b:
+        (y,) = b.run(None, {"x": x})
+    np.testing.assert_allclose(y, x.reshape(3, 12) * 3, rtol=1e-6)
+    assert st(acl).executions()[-1].batch == 4
+
+    c = 3
+    p2 = build_om(tmp_path / "5hd.om",
+                  inputs=[tensor("x", "float16", [1, 1, 2, 2, 16], "NC1HWC0", origin_shape=[1, c, 2, 2],
+                                 origin_format="NCHW")],
+                  outputs=[tensor("y", "float16", [1, 1, 2, 2, 16], "NC1HWC0", origin_shape=[1, c, 2, 2],
+                                  origin_format="NCHW")])
+    st(acl).set_compute(p2, lambda spec, ins, batch: [bytes(ins["x"])])
+    x2 = np.arange(12, dtype=np.float16).reshape(1, c, 2, 2)
+    with AclBackend(p2, api="acllite") as b:
+        (y2,) = b.run(None, {"x": x2})
+    assert st(acl).executions()[-1].inputs["x"] == nc1hwc0_by_loop(x2, 16).tobytes()
+    np.testing.assert_array_equal(y2, x2)
+    device.shutdown()
+    st(acl).assert_clean()
+
+
+def test_acllite_errors_become_acl_errors(acllite, tmp_path):
+    acl = acllite
+    path = static_model(tmp_path)
+    st(acl).set_compute(path, affine)
+    st(acl).fail("acl.mdl.load_from_file", 145002)
+    with pytest.raises(AclError) as info:
+        AclBackend(path, api="acllite").activate()
+    assert info.value.code == 145002 and info.value.call == "acl.mdl.load_from_file"
+    with AclBackend(path, api="acllite") as b:
+        st(acl).fail("acl.mdl.execute", 507011)
+        with pytest.raises(AclError, match="AclLiteModel.execute failed"):
+            b.run(None, {"x": np.ones((2, 3, 4), np.float32)})
+    device.shutdown()
+    st(acl).assert_clean()
+
+
+def test_acllite_requested_but_missing(acl, tmp_path):
+    with pytest.raises(DependencyError, match="acllite"):
+        AclBackend(static_model(tmp_path), api="acllite").activate()
+    device.shutdown()
+    st(acl).assert_clean()

@@ -1,0 +1,154 @@
+"""compare(): metrics against a plain-Python oracle, verdicts, inputs replay, end to end on bundles."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+
+from npu_deploy.errors import InputError, ModelError
+from npu_deploy.runtime.backend import TensorMeta
+from npu_deploy.runtime.compare import (CompareResult, compare, compare_arrays, generate_inputs, load_inputs,
+                                        save_inputs)
+
+from .bundles import conv_model, io_entry, make_bundle
+
+
+def oracle(ref, tgt, atol, rtol):
+    """Element by element with the math module."""
+    r = [float(v) for v in np.ravel(ref)]
+    t = [float(v) for v in np.ravel(tgt)]
+    outside = 0
+    for a, b in zip(r, t):
+        if math.isnan(a) and math.isnan(b):
+            continue
+        if math.isinf(a) or math.isinf(b):
+            outside += 0 if a == b else 1
+            continue
+        if not abs(b - a) <= atol + rtol * abs(a):
+            outside += 1
+    pairs = [(a, b) for a, b in zip(r, t) if math.isfinite(a) and math.isfinite(b)]
+    diffs = [abs(b - a) for a, b in pairs]
+    rels = [abs(b - a) / abs(a) for a, b in pairs if a != 0]
+    dot = sum(a * b for a, b in pairs)
+    na = math.sqrt(sum(a * a for a, _ in pairs))
+    nb = math.sqrt(sum(b * b for _, b in pairs))
+    cos = 1.0 if na == nb == 0 else (0.0 if na == 0 or nb == 0 else dot / (na * nb))
+    rmse = math.sqrt(sum(d * d for d in diffs) / len(diffs)) if diffs else 0.0
+    return {"outside": outside, "max_abs": max(diffs, default=0.0), "max_rel": max(rels, default=0.0),
+            "cosine": cos, "rmse": rmse}
+
+
+floats = st.floats(-1e3, 1e3, allow_nan=False, width=32)
+
+
+@settings(max_examples=60, deadline=None)
+@given(hnp.arrays(np.float32, st.integers(1, 40), elements=floats), st.data())
+def test_metrics_match_oracle(ref, data):
+    noise = data.draw(hnp.arrays(np.float32, ref.shape, elements=st.floats(-1, 1, width=32)))
+    tgt = (ref + noise * data.draw(st.sampled_from([0.0, 1e-4, 1e-2, 1.0]))).astype(np.float32)
+    atol, rtol = data.draw(st.sampled_from([(1e-4, 1e-3), (1e-2, 1e-2), (0.0, 0.0)]))
+    c = compare_arrays("y", ref, tgt, atol=atol, rtol=rtol)
+    o = oracle(ref, tgt, atol, rtol)
+    assert c.outside == o["outside"]
+    assert c.max_abs == pytest.approx(o["max_abs"], rel=1e-9, abs=1e-12)
+    assert c.max_rel == pytest.approx(o["max_rel"], rel=1e-9, abs=1e-12)
+    assert c.rmse == pytest.approx(o["rmse"], rel=1e-9, abs=1e-12)
+    assert c.cosine == pytest.approx(o["cosine"], rel=1e-9, abs=1e-9)
+    assert c.passed == (o["outside"] == 0)
+
+
+def test_nan_inf_accounting():
+    ref = np.array([1.0, np.nan, np.inf, 2.0], np.float32)
+    tgt = np.array([1.0, np.nan, np.inf, np.nan], np.float32)
+    c = compare_arrays("y", ref, tgt, atol=1e-3, rtol=0)
+    assert (c.nan_ref, c.nan_target, c.inf_ref, c.inf_target) == (1, 2, 1, 1)
+    assert c.outside == 1 and not c.passed and "NaN" in c.reason
+
+
+def test_shape_mismatch_and_ints_and_cosine_min():
+    assert "shape" in compare_arrays("y", np.zeros(3), np.zeros(4), atol=1, rtol=1).reason
+    c = compare_arrays("idx", np.array([1, 2, 3]), np.array([1, 2, 4]), atol=0, rtol=0)
+    assert c.outside == 1 and not c.passed
+    x = np.array([1.0, 0.0]), np.array([0.0, 1.0])
+    c = compare_arrays("y", *x, atol=10, rtol=0, cosine_min=0.999)
+    assert c.cosine == 0.0 and not c.passed and "cosine" in c.reason
+    z = compare_arrays("z", np.zeros(3), np.zeros(3), atol=0, rtol=0)
+    assert z.cosine == 1.0 and z.passed
+
+
+def test_generate_inputs_deterministic_and_typed():
+    metas = [TensorMeta("f", (-1, 4), "float32", gears=((2, 4), (8, 4))), TensorMeta("ids", (1, 7), "int64"),
+             TensorMeta("m", (3,), "bool")]
+    a = generate_inputs(metas, seed=5)
+    b = generate_inputs(metas, seed=5)
+    assert all(np.array_equal(a[k], b[k]) for k in a)
+    assert a["f"].shape == (2, 4) and a["ids"].dtype == np.int64 and set(np.unique(a["ids"])) <= {0, 1}
+    assert generate_inputs(metas, seed=5, shapes={"f": (8, 4)})["f"].shape == (8, 4)
+
+
+def test_inputs_npz_roundtrip(tmp_path):
+    feeds = {"x": np.arange(6, dtype=np.float32).reshape(2, 3), "ids": np.array([[1, 2]], np.int64)}
+    save_inputs(tmp_path / "case.npz", feeds)
+    back = load_inputs(tmp_path / "case.npz")
+    assert set(back) == set(feeds) and all(np.array_equal(back[k], feeds[k]) for k in feeds)
+    (tmp_path / "bad.npz").write_bytes(b"not a zip")
+    with pytest.raises(InputError, match="not a readable .npz"):
+        load_inputs(tmp_path / "bad.npz")
+    # object arrays need pickle: refused
+    np.savez(tmp_path / "obj.npz", x=np.array([{"a": 1}], dtype=object))
+    with pytest.raises(InputError):
+        load_inputs(tmp_path / "obj.npz")
+
+
+@pytest.fixture
+def pair(tmp_path):
+    import onnx
+
+    model, _ = conv_model()
+    ref = tmp_path / "ref.onnx"
+    onnx.save(model, ref)
+    good = make_bundle(tmp_path / "good.bundle", model,
+                       inputs=[io_entry("x", [1, 3, 6, 6], fmt="NCHW", device_format="NC1HWC0", c0=16)],
+                       outputs=[io_entry("y", [1, 8, 6, 6], fmt="NCHW")], packed={"W": ("FRACTAL_Z", {})})
+    fp16 = make_bundle(tmp_path / "fp16.bundle", model, inputs=[io_entry("x", [1, 3, 6, 6], fmt="NCHW")],
+                       outputs=[io_entry("y", [1, 8, 6, 6], fmt="NCHW")], store_dtype={"W": "float16"},
+                       precision_mode="force_fp16", tensor_dtypes={"c": "float16", "y": "float16"})
+    bad_model, _ = conv_model()
+    from onnx import numpy_helper
+
+    b = bad_model.graph.initializer[1]
+    b.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(b) + 0.5, "B"))
+    bad = make_bundle(tmp_path / "bad.bundle", bad_model, inputs=[io_entry("x", [1, 3, 6, 6], fmt="NCHW")],
+                      outputs=[io_entry("y", [1, 8, 6, 6], fmt="NCHW")])
+    return ref, good, fp16, bad
+
+
+def test_compare_end_to_end(pair, tmp_path):
+    ref, good, fp16, bad = pair
+    r = compare(ref, good, seed=1, save_inputs_to=tmp_path / "in.npz")
+    assert r and r.atol == 1e-4 and r.cosine_min is None and r.outputs[0].cosine > 0.999999
+    assert r.verdict().startswith("PASS: 1/1")
+    r16 = compare(ref, fp16, seed=1)
+    assert r16.atol == 1e-2 and r16.cosine_min == 0.999
+    assert r16.outputs[0].max_abs > 0  # fp16 loss is visible
+    assert r16 and r16.outputs[0].cosine >= 0.999
+    rbad = compare(ref, bad, inputs=load_inputs(tmp_path / "in.npz"))
+    assert not rbad and rbad.verdict().startswith("FAIL: 1/1") and rbad.seed is None
+    # round trip through JSON
+    back = CompareResult.load(rbad.to_json())
+    assert back.outputs[0].outside == rbad.outputs[0].outside and not back
+
+
+def test_compare_bad_reference(pair, tmp_path):
+    ref, good, *_ = pair
+    junk = tmp_path / "junk.onnx"
+    junk.write_bytes(b"garbage")
+    with pytest.raises(ModelError, match="onnxruntime cannot load"):
+        compare(junk, good)
+    with pytest.raises(InputError, match="not outputs of the reference"):
+        compare(ref, good, output_names=["nope"])

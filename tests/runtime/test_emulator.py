@@ -1,0 +1,180 @@
+"""The CPU emulator on hand-built bundles: weights unpacked from device formats, layout-faithful
+transfers checked against an index-map oracle, fp16 rounding at op boundaries, estimated profile."""
+
+from __future__ import annotations
+
+import csv
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+from onnx import helper, numpy_helper
+
+from npu_deploy.errors import BundleError, InputError
+from npu_deploy.runtime.emulator import OP_SUMMARY_HEADER, EmulatorBackend
+
+from .bundles import conv_model, io_entry, make_bundle
+
+
+def ort_run(model, feeds):
+    s = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return s.run(None, feeds)
+
+
+def nc1hwc0_oracle(x: np.ndarray, c0: int) -> np.ndarray:
+    n, c, h, w = x.shape
+    c1 = -(-c // c0)
+    out = np.zeros((n, c1, h, w, c0), x.dtype)
+    for ni in range(n):
+        for ci in range(c):
+            for hi in range(h):
+                for wi in range(w):
+                    out[ni, ci // c0, hi, wi, ci % c0] = x[ni, ci, hi, wi]
+    return out
+
+
+@pytest.fixture
+def conv_bundle(tmp_path):
+    model, _ = conv_model()
+    path = make_bundle(
+        tmp_path / "conv.bin", model,
+        inputs=[io_entry("x", [1, 3, 6, 6], fmt="NCHW", device_format="NC1HWC0", c0=16)],
+        outputs=[io_entry("y", [1, 8, 6, 6], fmt="NCHW", device_format="NC1HWC0", c0=16)],
+        packed={"W": ("FRACTAL_Z", {"c0": 16})},
+        node_formats={"conv": {"op_type": "Conv", "engine": "AI Core", "input_formats": ["NC1HWC0", "FRACTAL_Z", "ND"],
+                               "output_formats": ["NC1HWC0"], "dtype": "float32"},
+                      "relu": {"op_type": "Relu", "engine": "AI Core", "input_formats": ["NC1HWC0"],
+                               "output_formats": ["NC1HWC0"], "dtype": "float32"}},
+        transdata=[{"name": "trans_TransData_0", "src_format": "NCHW", "dst_format": "NC1HWC0",
+                    "shape": [1, 3, 6, 6], "dtype": "float32", "bytes": 432, "onnx_nodes": ["conv"],
+                    "reason": "input", "est_us": 11.5}],
+        cost={"estimated": True, "est_us": {"conv": 20.0, "relu": 3.0}})
+    return path, model
+
+
+def test_matches_onnxruntime_and_transfers_are_layout_faithful(conv_bundle):
+    path, model = conv_bundle
+    x = np.random.default_rng(0).standard_normal((1, 3, 6, 6)).astype(np.float32)
+    with EmulatorBackend(path, record_device_buffers=True) as b:
+        (y,), t = b.run_timed(None, {"x": x})
+        dev_in = b.last_device_buffers["x"]
+        dev_out = b.last_device_buffers["output:y"]
+    (ref,) = ort_run(model, {"x": x})
+    np.testing.assert_allclose(y, ref, rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(dev_in, nc1hwc0_oracle(x, 16))
+    np.testing.assert_array_equal(dev_out, nc1hwc0_oracle(y, 16))
+    assert t.h2d > 0 and t.d2h > 0 and t.compute > 0
+
+
+def test_metadata(conv_bundle):
+    path, _ = conv_bundle
+    b = EmulatorBackend(path)
+    (i,), (o,) = b.get_inputs(), b.get_outputs()
+    assert (i.name, i.shape, i.format, i.device_format, i.device_shape) == \
+        ("x", (1, 3, 6, 6), "NCHW", "NC1HWC0", (1, 1, 6, 6, 16))
+    assert o.dtype == np.float32 and b.precision_mode == "must_keep_origin_dtype"
+
+
+def test_fp16_rounding_at_op_boundaries(tmp_path):
+    rng = np.random.default_rng(3)
+    a = rng.standard_normal((64,)).astype(np.float32)
+    bias = rng.standard_normal((64,)).astype(np.float32)
+    nodes = [helper.make_node("Mul", ["x", "A"], ["t"], name="mul"),
+             helper.make_node("Add", ["t", "Bi"], ["y"], name="add")]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", 1, [64])],
+                          [helper.make_tensor_value_info("y", 1, [64])],
+                          [numpy_helper.from_array(a, "A"), numpy_helper.from_array(bias, "Bi")])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    path = make_bundle(tmp_path / "m.bundle", model, inputs=[io_entry("x", [64])], outputs=[io_entry("y", [64])],
+                       store_dtype={"A": "float16"}, precision_mode="force_fp16",
+                       tensor_dtypes={"t": "float16", "A": "float16"})
+    x = rng.standard_normal(64).astype(np.float32) * 3
+    with EmulatorBackend(path) as b:
+        (y,) = b.run(None, {"x": x})
+        assert b.rounded_tensors == ["t"]
+    f16 = lambda v: v.astype(np.float16).astype(np.float32)  # noqa: E731
+    oracle = f16(x * f16(a)) + bias  # weight stored fp16, product held in fp16, add in fp32
+    np.testing.assert_array_equal(y, oracle)
+    assert not np.array_equal(y, x * a + bias)  # the rounding is visible
+
+
+def test_fp16_graph_output_rounded(tmp_path):
+    nodes = [helper.make_node("Mul", ["x", "x"], ["y"], name="sq")]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", 1, [5])],
+                          [helper.make_tensor_value_info("y", 1, [5])])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    path = make_bundle(tmp_path / "m.bundle", model, inputs=[io_entry("x", [5])], outputs=[io_entry("y", [5])],
+                       precision_mode="force_fp16", node_formats={"sq": {"dtype": "float16"}})
+    x = np.array([1.0001, 3.14159, 1e-6, 250.3, -2.5], np.float32)
+    with EmulatorBackend(path) as b:
+        (y,) = b.run(None, {"x": x})
+    np.testing.assert_array_equal(y, (x * x).astype(np.float16).astype(np.float32))
+
+
+def test_dynamic_batch_gears(tmp_path):
+    model, _ = conv_model(batch="N")
+    gears = [{"x": [1, 3, 6, 6]}, {"x": [4, 3, 6, 6]}]
+    path = make_bundle(tmp_path / "d.bundle", model,
+                       inputs=[io_entry("x", [-1, 3, 6, 6], fmt="NCHW", device_format="NC1HWC0", c0=16)],
+                       outputs=[io_entry("y", [-1, 8, 6, 6], fmt="NCHW")], packed={"W": ("FRACTAL_Z", {})},
+                       dynamic={"mode": "batch", "gears": gears})
+    x = np.random.default_rng(1).random((3, 3, 6, 6), dtype=np.float32)
+    with EmulatorBackend(path) as b:
+        assert b.get_inputs()[0].gears == ((1, 3, 6, 6), (4, 3, 6, 6))
+        (y,) = b.run(None, {"x": x})
+        with pytest.raises(InputError, match="fit no gear.*x:1,3,6,6 \\| x:4,3,6,6"):
+            b.run(None, {"x": np.zeros((5, 3, 6, 6), np.float32)})
+    (ref,) = ort_run(model, {"x": x})
+    assert y.shape == (3, 8, 6, 6)
+    np.testing.assert_allclose(y, ref, rtol=1e-5, atol=1e-5)
+
+
+def test_corrupt_bundle_is_bundle_error(conv_bundle, tmp_path):
+    path, _ = conv_bundle
+    data = bytearray(path.read_bytes())
+    data[300] ^= 0xFF  # inside the weight blob
+    bad = tmp_path / "bad.bundle"
+    bad.write_bytes(bytes(data))
+    with pytest.raises(BundleError, match="checksum"):
+        EmulatorBackend(bad).activate()
+
+
+def test_estimated_profile(conv_bundle, tmp_path):
+    path, _ = conv_bundle
+    prof = tmp_path / "prof"
+    b = EmulatorBackend(path, profile=True, profile_dir=prof)
+    with b:
+        for _ in range(3):
+            b.run(None, {"x": np.ones((1, 3, 6, 6), np.float32)})
+    root = b.profile_path
+    assert root.parent == prof and root.name.startswith("PROF_000001_")
+    out = root / "mindstudio_profiler_output"
+    assert "estimate" in (out / "README.txt").read_text().lower()
+    (summary,) = out.glob("op_summary_*.csv")
+    with open(summary, newline="") as f:
+        rows = list(csv.reader(f))
+    assert rows[0] == OP_SUMMARY_HEADER
+    body = [dict(zip(rows[0], r)) for r in rows[1:]]
+    assert [r["OP Type"] for r in body] == ["TransData", "Conv", "Relu"] * 3
+    td = body[0]
+    assert (td["Input Formats"], td["Output Formats"]) == ("NCHW", "NC1HWC0")
+    assert (td["Input Shapes"], td["Output Shapes"]) == ('"1,3,6,6"', '"1,1,6,6,16"')
+    assert float(td["Task Duration(us)"]) == 11.5 and td["Task Start Time(us)"].endswith("\t")
+    conv = body[1]
+    assert float(conv["Task Duration(us)"]) == 20.0
+    assert conv["Input Formats"] == "NC1HWC0;FRACTAL_Z;ND" and conv["Input Shapes"] == '"1,3,6,6;8,3,3,3;8"'
+    starts = [float(r["Task Start Time(us)"]) for r in body[:3]]
+    assert starts[1] == pytest.approx(starts[0] + 11.5) and starts[2] == pytest.approx(starts[1] + 20.0)
+    (stat,) = out.glob("op_statistic_*.csv")
+    stats = {r["OP Type"]: r for r in csv.DictReader(open(stat, newline=""))}
+    assert int(stats["Conv"]["Count"]) == 3
+    assert float(stats["TransData"]["Ratio(%)"]) == pytest.approx(100 * 11.5 / 34.5, abs=1e-3)
+    assert not list(prof.glob(".*.part"))
+
+
+def test_no_runs_no_profile(conv_bundle, tmp_path):
+    path, _ = conv_bundle
+    b = EmulatorBackend(path, profile=True, profile_dir=tmp_path / "p")
+    with b:
+        pass
+    assert b.profile_path is None and not (tmp_path / "p").exists()

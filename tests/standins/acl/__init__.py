@@ -1,0 +1,114 @@
+"""Stand-in for pyACL's ``acl`` extension module (CANN), written for the tests from the documented contract.
+
+Import it as ``acl`` with ``tests/standins`` on ``sys.path`` — exactly as the real one is imported with
+CANN's ``python/site-packages`` on ``PYTHONPATH``. Tests drive it through :mod:`acl._standin` (register
+models, inject return codes, read the call log, check for leaks). See ``_core.py`` for the rules.
+"""
+
+from __future__ import annotations
+
+if __name__ != "acl":  # pragma: no cover - guard against a second, separate copy of the state
+    raise ImportError("import the stand-in as `acl` (put tests/standins on sys.path), not as "
+                      f"{__name__!r}: a second copy would have its own device state")
+
+import atexit
+
+from acl._core import DEVICE_BASE, S, api
+
+from acl import mdl, rt, util  # noqa: E402  (submodules, as in the real module)
+from acl import _standin  # noqa: E402,F401
+
+
+@api("acl.init", "|s")
+def init(config_path: str | None = None) -> int:
+    S.init_calls += 1
+    if S.initialized:
+        return 100002
+    S.initialized = True
+    S.finalized = False
+    return 0
+
+
+@api("acl.finalize", "")
+def finalize() -> int:
+    if not S.initialized:
+        return 100037 if S.finalized else 100001
+    S.finalize_calls += 1
+    if S.devices:
+        S.violate(f"acl.finalize with device(s) {sorted(S.devices)} still set (reset_device first)")
+    S.initialized = False
+    S.finalized = True
+    S.write_log("finalize")
+    return 0
+
+
+@api("acl.get_soc_name", "", ret="none")
+def get_soc_name() -> str | None:
+    return S.soc_name if S.initialized else None
+
+
+@api("acl.get_version", "", ret="triple")
+def get_version() -> tuple[int, int, int, int]:
+    return 8, 0, 0, 0
+
+
+@api("acl.get_recent_err_msg", "", ret="none")
+def get_recent_err_msg() -> str:
+    return S.recent_err
+
+
+@api("acl.create_data_buffer", "ii", ret="none")
+def create_data_buffer(ptr: int, size: int) -> int:
+    h = S.new("buf", 16)
+    S.buffers[h] = [ptr, size]
+    return h
+
+
+@api("acl.destroy_data_buffer", "i")
+def destroy_data_buffer(buf: int) -> int:
+    if buf not in S.buffers:
+        S.violate(f"acl.destroy_data_buffer of unknown/destroyed buffer {hex(buf)}")
+        return 100000
+    del S.buffers[buf]
+    return 0
+
+
+@api("acl.get_data_buffer_addr", "i", ret="none")
+def get_data_buffer_addr(buf: int) -> int:
+    return S.buffers.get(buf, [0, 0])[0]
+
+
+@api("acl.get_data_buffer_size", "i", ret="none")
+def get_data_buffer_size(buf: int) -> int:
+    return S.buffers.get(buf, [0, 0])[1]
+
+
+@api("acl.get_data_buffer_size_v2", "i", ret="none")
+def get_data_buffer_size_v2(buf: int) -> int:
+    return S.buffers.get(buf, [0, 0])[1]
+
+
+@api("acl.update_data_buffer", "iii")
+def update_data_buffer(buf: int, ptr: int, size: int) -> int:
+    if buf not in S.buffers:
+        return 100000
+    S.buffers[buf] = [ptr, size]
+    return 0
+
+
+@api("acl.data_type_size", "i", ret="none")
+def data_type_size(dtype: int) -> int:
+    from acl._core import DTYPE_SIZE
+
+    return DTYPE_SIZE.get(dtype, 0)
+
+
+def _at_exit() -> None:
+    S.write_log("exit")
+
+
+atexit.register(_at_exit)
+
+__all__ = ["init", "finalize", "get_soc_name", "get_version", "get_recent_err_msg", "create_data_buffer",
+           "destroy_data_buffer", "get_data_buffer_addr", "get_data_buffer_size", "get_data_buffer_size_v2",
+           "update_data_buffer", "data_type_size", "rt", "mdl", "util", "DEVICE_BASE"]

@@ -1,0 +1,340 @@
+"""State and rules of the stand-in ``acl`` module (the test oracle of the pyACL contract).
+
+Written from ``reference/atc-acl-om.md`` §3 only, independent of ``npu_deploy``: it must not import
+anything from the package under test. One process-wide :data:`S` holds what a real runtime would:
+initialisation, devices set (reference counted), contexts (current one per thread), streams, device and
+pinned-host allocations with their sizes (device memory is a ``bytearray`` behind a fake address far
+above any real host address, so a device pointer can never be dereferenced by mistake), data buffers,
+datasets, model descriptions and loaded models.
+
+Rules enforced (each returns the documented error code and, when it is a contract breach rather than
+a runtime condition, is also recorded in :attr:`State.violations`):
+
+* nothing before ``acl.init`` (100001); a second init is 100002; finalize twice is 100037;
+* runtime calls need a current context in *this thread* (107002);
+* memcpy: ``count <= destMax``, the ranges lie inside live allocations, the kind matches the pointers
+  (H2D: device destination, host source; D2H the reverse; D2D; H2H; DEFAULT inferred);
+* free / destroy of an unknown or already released handle (double free);
+* execute: model loaded (100011), the datasets have one buffer per model input / output (100017 /
+  100018), every buffer is a live device range at least as large as the model's size for it;
+* dynamic batch: only on a batch-gear model (100019), at the ``ascend_mbatch_shape_data`` index, with a
+  gear batch (145013);
+* teardown order (reference §3.5): data buffers and datasets before unload, unload before destroying
+  the desc, streams / models / allocations before their context, contexts before reset_device, every
+  device reset before finalize.
+
+``leaks()`` lists what is still alive; ``assert_clean()`` raises when anything leaked or any
+violation was recorded.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import dataclasses
+import json
+import os
+import threading
+from typing import Any, Callable
+
+DEVICE_BASE = 1 << 60          # fake device address space: never a valid host address
+MBATCH_NAME = "ascend_mbatch_shape_data"
+
+# aclDataType -> element size in bytes (reference formats.md §1.3)
+DTYPE_SIZE = {0: 4, 1: 2, 2: 1, 3: 4, 4: 1, 6: 2, 7: 2, 8: 4, 9: 8, 10: 8, 11: 8, 12: 1, 27: 2}
+KIND_H2H, KIND_H2D, KIND_D2H, KIND_D2D, KIND_DEFAULT = 0, 1, 2, 3, 4
+
+
+@dataclasses.dataclass
+class TensorSpec:
+    """One model input/output as ``acl.mdl`` reports it. ``dims`` is what ``get_input_dims`` returns
+    (``-1`` on axis 0 of batch-gear models); ``dtype`` an aclDataType, ``format`` an aclFormat."""
+
+    name: str
+    dims: tuple
+    dtype: int = 0
+    format: int = 2
+    size: int | None = None      # what get_*_size_by_index reports, when not the product of the dims
+
+    def reported_size(self, max_batch: int | None) -> int:
+        return self.size if self.size is not None else self.nbytes(max_batch)
+
+    def nbytes(self, batch: int | None) -> int:
+        n = DTYPE_SIZE[self.dtype]
+        for d in self.dims:
+            n *= batch if d < 0 else d
+        return n
+
+    def dims_at(self, batch: int | None) -> list[int]:
+        return [batch if d < 0 else d for d in self.dims]
+
+
+def default_compute(spec: "ModelSpec", inputs: dict[str, bytes], batch: int | None) -> list[bytes]:
+    """Deterministic outputs from the input bytes: with ``s = sum(all input bytes) % 251``, byte ``k``
+    of output ``j`` is ``(7*k + s + j) % 127``."""
+    s = sum(sum(b) for b in inputs.values()) % 251
+    outs = []
+    for j, t in enumerate(spec.outputs):
+        n = t.nbytes(batch)
+        outs.append(bytes((7 * k + s + j) % 127 for k in range(n)))
+    return outs
+
+
+@dataclasses.dataclass
+class ModelSpec:
+    """What a loaded ``.om`` looks like to the stand-in. ``batch_gears`` non-empty makes a dynamic-batch
+    model (an extra last input ``ascend_mbatch_shape_data``). ``compute(spec, inputs, batch)`` gets the
+    device bytes of each real input (sized for the batch) and returns each output's device bytes."""
+
+    inputs: list[TensorSpec]
+    outputs: list[TensorSpec]
+    soc_version: str | None = None
+    batch_gears: tuple = ()
+    compute: Callable[["ModelSpec", dict[str, bytes], int | None], list[bytes]] | None = None
+
+    @property
+    def all_inputs(self) -> list[TensorSpec]:
+        if self.batch_gears:
+            return self.inputs + [TensorSpec(MBATCH_NAME, (1,), 3, 2)]   # int32 [1], as GE adds it
+        return list(self.inputs)
+
+    @property
+    def max_batch(self) -> int | None:
+        return max(self.batch_gears) if self.batch_gears else None
+
+
+@dataclasses.dataclass
+class Alloc:
+    size: int
+    device: int | None          # None: pinned host memory
+    ctx: int | None
+    data: Any                   # bytearray (device) or ctypes array (host)
+
+
+@dataclasses.dataclass
+class Dataset:
+    buffers: list[int] = dataclasses.field(default_factory=list)
+    batch: int | None = None
+    models: set = dataclasses.field(default_factory=set)
+
+
+@dataclasses.dataclass
+class Model:
+    spec: ModelSpec
+    path: str
+    ctx: int
+    device: int
+    last_batch: int | None = None
+
+
+@dataclasses.dataclass
+class Execution:
+    model_id: int
+    batch: int | None
+    inputs: dict[str, bytes]
+    outputs: list[bytes]
+    thread: str
+
+
+class AclStandinError(AssertionError):
+    """Raised by :meth:`State.assert_clean`."""
+
+
+class State:
+    def __init__(self) -> None:
+        self.lock = threading.RLock()
+        self.registry: dict[str, ModelSpec] = {}
+        self.computes: dict[str, Callable] = {}
+        self.reset()
+
+    def reset(self, *, soc_name: str = "Ascend310P3", device_count: int = 1) -> None:
+        with self.lock:
+            self.soc_name = soc_name
+            self.device_count = device_count
+            self.initialized = False
+            self.finalized = False
+            self.init_calls = 0
+            self.finalize_calls = 0
+            self.devices: dict[int, int] = {}
+            self.default_ctx: dict[int, int] = {}
+            self.contexts: dict[int, int] = {}          # ctx -> device
+            self.tls = threading.local()
+            self.streams: dict[int, int] = {}           # stream -> ctx
+            self.mem: dict[int, Alloc] = {}             # device allocations
+            self.host: dict[int, Alloc] = {}            # pinned host allocations
+            self.buffers: dict[int, list] = {}          # data buffer -> [ptr, size]
+            self.datasets: dict[int, Dataset] = {}
+            self.descs: dict[int, int | None] = {}      # desc -> model id (after get_desc)
+            self.models: dict[int, Model] = {}
+            self.injected: dict[str, list[int]] = {}
+            self.calls: list[tuple[str, int | None, str]] = []
+            self.violations: list[str] = []
+            self.executions: list[Execution] = []
+            self.recent_err = ""
+            self._next = {"ctx": 0x1000, "stream": 0x2000, "buf": 0x3000, "ds": 0x4000, "desc": 0x5000,
+                          "model": 1, "dev": DEVICE_BASE}
+
+    # ------------------------------------------------------------------ helpers
+    def new(self, kind: str, step: int = 1) -> int:
+        v = self._next[kind]
+        self._next[kind] += step
+        return v
+
+    def violate(self, text: str) -> None:
+        self.violations.append(text)
+
+    def record(self, name: str, ret: int | None) -> None:
+        self.calls.append((name, ret, threading.current_thread().name))
+        if ret:
+            self.recent_err = f"EH9999: {name} failed with {ret}"
+
+    def take_injected(self, name: str) -> int | None:
+        queue = self.injected.get(name)
+        if queue:
+            return queue.pop(0) or None
+        return None
+
+    @property
+    def current_ctx(self) -> int | None:
+        return getattr(self.tls, "ctx", None)
+
+    @current_ctx.setter
+    def current_ctx(self, ctx: int | None) -> None:
+        self.tls.ctx = ctx
+
+    def need_init(self) -> int:
+        return 0 if self.initialized else 100001
+
+    def need_ctx(self, name: str) -> int:
+        if not self.initialized:
+            return 100001
+        ctx = self.current_ctx
+        if ctx is None or ctx not in self.contexts:
+            self.violate(f"{name} called in thread {threading.current_thread().name!r} without a current "
+                         f"context (acl.rt.set_context first)")
+            return 107002
+        return 0
+
+    def device_region(self, ptr: int, n: int) -> tuple[Alloc, int] | str | None:
+        """The live device allocation holding ``[ptr, ptr+n)``; an error text if ``ptr`` is device space
+        but not valid; ``None`` if ``ptr`` is not a device address at all."""
+        if ptr < DEVICE_BASE:
+            return None
+        for base, a in self.mem.items():
+            if base <= ptr < base + max(a.size, 1):
+                off = ptr - base
+                if off + n > a.size:
+                    return (f"{n} bytes at offset {off} overflow the {a.size}-byte device allocation "
+                            f"{hex(base)}")
+                return a, off
+        return f"device address {hex(ptr)} is not allocated (freed already?)"
+
+    # ------------------------------------------------------------------ reports
+    def leaks(self) -> list[str]:
+        with self.lock:
+            out = []
+            out += [f"device memory {hex(p)} ({a.size} bytes) not freed" for p, a in self.mem.items()]
+            out += [f"host memory {hex(p)} ({a.size} bytes) not freed" for p, a in self.host.items()]
+            out += [f"data buffer {hex(h)} not destroyed" for h in self.buffers]
+            out += [f"dataset {hex(h)} not destroyed" for h in self.datasets]
+            out += [f"model {m} ({self.models[m].path}) not unloaded" for m in self.models]
+            out += [f"model desc {hex(d)} not destroyed" for d in self.descs]
+            out += [f"stream {hex(s)} not destroyed" for s in self.streams]
+            out += [f"context {hex(c)} not destroyed" for c in self.contexts
+                    if c not in self.default_ctx.values()]
+            out += [f"device {d} not reset" for d in self.devices]
+            return out
+
+    def report(self) -> dict:
+        with self.lock:
+            return {"initialized": self.initialized, "finalized": self.finalized,
+                    "init_calls": self.init_calls, "finalize_calls": self.finalize_calls,
+                    "leaks": self.leaks(), "violations": list(self.violations),
+                    "calls": [c[0] for c in self.calls]}
+
+    def assert_clean(self, *, finalized: bool = True) -> None:
+        """Raise :class:`AclStandinError` unless everything was released in the documented order (and,
+        with ``finalized``, ``acl.finalize`` was the last word)."""
+        problems = self.leaks() + [f"order/contract: {v}" for v in self.violations]
+        if finalized and not self.finalized:
+            problems.append("acl.finalize was not called")
+        if problems:
+            raise AclStandinError("stand-in acl is not clean:\n  " + "\n  ".join(problems))
+
+    def write_log(self, event: str) -> None:
+        path = os.environ.get("NPU_STANDIN_ACL_LOG")
+        if not path:
+            return
+        rec = {"event": event, **self.report()}
+        with open(path, "a", encoding="utf-8") as f:
+            f.write(json.dumps(rec) + "\n")
+
+
+S = State()
+
+
+# ---------------------------------------------------------------------- argument parsing
+def _as_int(v: Any) -> int:
+    if isinstance(v, (float, str, bytes)) or v is None:
+        raise TypeError
+    import operator
+
+    return operator.index(v)
+
+
+_PARSERS: dict[str, Callable[[Any], Any]] = {
+    "i": _as_int,
+    "s": lambda v: v if isinstance(v, str) else (_ for _ in ()).throw(TypeError),
+    "y": lambda v: v if isinstance(v, bytes) else (_ for _ in ()).throw(TypeError),
+    "d": lambda v: v if isinstance(v, dict) else (_ for _ in ()).throw(TypeError),
+    "O": lambda v: v,
+}
+
+
+_FAIL = {"int": lambda c: c, "pair": lambda c: (0, c), "dict": lambda c: ({}, c),
+         "triple": lambda c: (0, 0, c), "none": None}
+
+
+def api(name: str, spec: str, ret: str = "int"):
+    """Wrap a stand-in function: strict positional-argument parsing like the C wrappers (``TypeError
+    "<name> args parse failed!"``), injected failures, the call log. ``spec``: ``i`` int, ``s`` str, ``y``
+    bytes, ``d`` dict, ``O`` anything; after ``|`` optional. ``ret`` is the return shape: ``int`` (bare
+    code), ``pair`` ``(value, ret)``, ``dict`` ``({...}, ret)``, ``triple``, ``none`` (no return code;
+    failures cannot be injected)."""
+    required, _, optional = spec.partition("|")
+    fail = _FAIL[ret]
+
+    def deco(fn):
+        def wrapper(*args, **kwargs):
+            if kwargs or not (len(required) <= len(args) <= len(required) + len(optional)):
+                raise TypeError(f"{name} args parse failed!")
+            vals = []
+            for code, v in zip(required + optional, args):
+                try:
+                    vals.append(_PARSERS[code](v))
+                except (TypeError, ValueError):
+                    raise TypeError(f"{name} args parse failed!") from None
+            with S.lock:
+                code = S.take_injected(name) if fail is not None else None
+                if code is not None:
+                    S.record(name, code)
+                    return fail(code)
+                result = fn(*vals)
+                rc = result if ret == "int" else (result[-1] if ret != "none" else None)
+                S.record(name, rc)
+                return result
+
+        wrapper.__name__ = fn.__name__
+        wrapper.__qualname__ = fn.__qualname__
+        wrapper.__doc__ = fn.__doc__
+        return wrapper
+
+    return deco
+
+
+def host_read(ptr: int, n: int) -> bytes:
+    return ctypes.string_at(ptr, n) if n else b""
+
+
+def host_write(ptr: int, data: bytes) -> None:
+    if data:
+        ctypes.memmove(ptr, data, len(data))

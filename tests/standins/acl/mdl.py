@@ -1,0 +1,382 @@
+"""Stand-in ``acl.mdl``: load, describe, datasets, dynamic batch, execute, unload."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import struct
+import threading
+
+from acl._core import MBATCH_NAME, Dataset, Execution, Model, ModelSpec, S, TensorSpec, api, default_compute
+
+
+def _spec_for(path: str) -> ModelSpec | None:
+    real = os.path.realpath(path)
+    spec = S.registry.get(real)
+    if spec is None:
+        from acl import _standin
+
+        spec = _standin.spec_from_file(path)
+    if spec is not None and real in S.computes:
+        spec = dataclasses.replace(spec, compute=S.computes[real])
+    return spec
+
+
+@api("acl.mdl.load_from_file", "s", ret="pair")
+def load_from_file(path: str) -> tuple[int, int]:
+    rc = S.need_ctx("acl.mdl.load_from_file")
+    if rc:
+        return 0, rc
+    if not os.path.isfile(path):
+        return 0, 145002
+    with open(path, "rb") as f:
+        if f.read(4) != b"IMOD":
+            return 0, 145006
+    spec = _spec_for(path)
+    if spec is None:
+        return 0, 100003
+    if spec.soc_version and spec.soc_version != S.soc_name:
+        return 0, 507008
+    mid = S.new("model")
+    S.models[mid] = Model(spec, path, S.current_ctx, S.contexts[S.current_ctx])
+    return mid, 0
+
+
+@api("acl.mdl.unload", "i")
+def unload(model_id: int) -> int:
+    rc = S.need_ctx("acl.mdl.unload")
+    if rc:
+        return rc
+    if model_id not in S.models:
+        S.violate(f"acl.mdl.unload of unknown/unloaded model {model_id}")
+        return 100011
+    live = [hex(h) for h, ds in S.datasets.items() if model_id in ds.models]
+    if live:
+        S.violate(f"acl.mdl.unload({model_id}) before destroying its dataset(s) {live}")
+    del S.models[model_id]
+    return 0
+
+
+@api("acl.mdl.create_desc", "", ret="none")
+def create_desc() -> int:
+    h = S.new("desc", 16)
+    S.descs[h] = None
+    return h
+
+
+@api("acl.mdl.get_desc", "ii")
+def get_desc(desc: int, model_id: int) -> int:
+    if desc not in S.descs:
+        return 100000
+    if model_id not in S.models:
+        return 100011
+    S.descs[desc] = model_id
+    return 0
+
+
+@api("acl.mdl.destroy_desc", "i")
+def destroy_desc(desc: int) -> int:
+    if desc not in S.descs:
+        S.violate(f"acl.mdl.destroy_desc of unknown/destroyed desc {hex(desc)}")
+        return 100000
+    if S.descs[desc] in S.models:
+        S.violate(f"acl.mdl.destroy_desc({hex(desc)}) before acl.mdl.unload({S.descs[desc]})")
+    del S.descs[desc]
+    return 0
+
+
+def _model_of(name: str, desc: int) -> Model | None:
+    mid = S.descs.get(desc)
+    if mid is None or mid not in S.models:
+        S.violate(f"{name} on a desc that is not filled by acl.mdl.get_desc (or whose model is unloaded)")
+        return None
+    return S.models[mid]
+
+
+def _tensor(name: str, desc: int, i: int, outputs: bool) -> tuple[Model, TensorSpec] | None:
+    m = _model_of(name, desc)
+    if m is None:
+        return None
+    ts = m.spec.outputs if outputs else m.spec.all_inputs
+    if not 0 <= i < len(ts):
+        return None
+    return m, ts[i]
+
+
+@api("acl.mdl.get_num_inputs", "i", ret="none")
+def get_num_inputs(desc: int) -> int:
+    m = _model_of("acl.mdl.get_num_inputs", desc)
+    return len(m.spec.all_inputs) if m else 0
+
+
+@api("acl.mdl.get_num_outputs", "i", ret="none")
+def get_num_outputs(desc: int) -> int:
+    m = _model_of("acl.mdl.get_num_outputs", desc)
+    return len(m.spec.outputs) if m else 0
+
+
+def _size(name: str, desc: int, i: int, outputs: bool) -> int:
+    r = _tensor(name, desc, i, outputs)
+    if r is None:
+        return 0
+    m, t = r
+    return t.reported_size(m.spec.max_batch)
+
+
+@api("acl.mdl.get_input_size_by_index", "ii", ret="none")
+def get_input_size_by_index(desc: int, i: int) -> int:
+    return _size("acl.mdl.get_input_size_by_index", desc, i, False)
+
+
+@api("acl.mdl.get_output_size_by_index", "ii", ret="none")
+def get_output_size_by_index(desc: int, i: int) -> int:
+    return _size("acl.mdl.get_output_size_by_index", desc, i, True)
+
+
+def _attr(name: str, desc: int, i: int, outputs: bool, attr: str, missing):
+    r = _tensor(name, desc, i, outputs)
+    return getattr(r[1], attr) if r else missing
+
+
+@api("acl.mdl.get_input_format", "ii", ret="none")
+def get_input_format(desc: int, i: int) -> int:
+    return _attr("acl.mdl.get_input_format", desc, i, False, "format", -1)
+
+
+@api("acl.mdl.get_output_format", "ii", ret="none")
+def get_output_format(desc: int, i: int) -> int:
+    return _attr("acl.mdl.get_output_format", desc, i, True, "format", -1)
+
+
+@api("acl.mdl.get_input_data_type", "ii", ret="none")
+def get_input_data_type(desc: int, i: int) -> int:
+    return _attr("acl.mdl.get_input_data_type", desc, i, False, "dtype", -1)
+
+
+@api("acl.mdl.get_output_data_type", "ii", ret="none")
+def get_output_data_type(desc: int, i: int) -> int:
+    return _attr("acl.mdl.get_output_data_type", desc, i, True, "dtype", -1)
+
+
+@api("acl.mdl.get_input_name_by_index", "ii", ret="none")
+def get_input_name_by_index(desc: int, i: int) -> str:
+    return _attr("acl.mdl.get_input_name_by_index", desc, i, False, "name", "")
+
+
+@api("acl.mdl.get_output_name_by_index", "ii", ret="none")
+def get_output_name_by_index(desc: int, i: int) -> str:
+    return _attr("acl.mdl.get_output_name_by_index", desc, i, True, "name", "")
+
+
+def _dims(name: str, desc: int, i: int, outputs: bool, batch_of=None) -> tuple[dict, int]:
+    r = _tensor(name, desc, i, outputs)
+    if r is None:
+        return {}, 100000
+    m, t = r
+    if batch_of is not None:
+        dims = t.dims_at(batch_of(m))
+    elif outputs:
+        dims = t.dims_at(m.spec.max_batch)     # outputs: the largest gear (get_cur_output_dims: current)
+    else:
+        dims = list(t.dims)                    # inputs: -1 on the dynamic axis
+    return {"name": t.name, "dimCount": len(dims), "dims": dims}, 0
+
+
+@api("acl.mdl.get_input_dims", "ii", ret="dict")
+def get_input_dims(desc: int, i: int) -> tuple[dict, int]:
+    return _dims("acl.mdl.get_input_dims", desc, i, False)
+
+
+@api("acl.mdl.get_output_dims", "ii", ret="dict")
+def get_output_dims(desc: int, i: int) -> tuple[dict, int]:
+    return _dims("acl.mdl.get_output_dims", desc, i, True)
+
+
+@api("acl.mdl.get_cur_output_dims", "ii", ret="dict")
+def get_cur_output_dims(desc: int, i: int) -> tuple[dict, int]:
+    return _dims("acl.mdl.get_cur_output_dims", desc, i, True,
+                 batch_of=lambda m: m.last_batch if m.last_batch is not None else m.spec.max_batch)
+
+
+def _index(name: str, desc: int, tname: str, outputs: bool) -> tuple[int, int]:
+    m = _model_of(name, desc)
+    if m is None:
+        return 0, 100000
+    for k, t in enumerate(m.spec.outputs if outputs else m.spec.all_inputs):
+        if t.name == tname:
+            return k, 0
+    return 0, 100000
+
+
+@api("acl.mdl.get_input_index_by_name", "is", ret="pair")
+def get_input_index_by_name(desc: int, name: str) -> tuple[int, int]:
+    return _index("acl.mdl.get_input_index_by_name", desc, name, False)
+
+
+@api("acl.mdl.get_output_index_by_name", "is", ret="pair")
+def get_output_index_by_name(desc: int, name: str) -> tuple[int, int]:
+    return _index("acl.mdl.get_output_index_by_name", desc, name, True)
+
+
+@api("acl.mdl.get_dynamic_batch", "i", ret="dict")
+def get_dynamic_batch(desc: int) -> tuple[dict, int]:
+    m = _model_of("acl.mdl.get_dynamic_batch", desc)
+    if m is None:
+        return {}, 100000
+    gears = list(m.spec.batch_gears)
+    return {"batchCount": len(gears), "batch": gears}, 0
+
+
+@api("acl.mdl.get_dynamic_hw", "ii", ret="dict")
+def get_dynamic_hw(desc: int, index: int) -> tuple[dict, int]:
+    m = _model_of("acl.mdl.get_dynamic_hw", desc)
+    if m is None:
+        return {}, 100000
+    return {"hwCount": 0, "hw": []}, 0
+
+
+@api("acl.mdl.create_dataset", "", ret="none")
+def create_dataset() -> int:
+    h = S.new("ds", 16)
+    S.datasets[h] = Dataset()
+    return h
+
+
+@api("acl.mdl.add_dataset_buffer", "ii", ret="pair")
+def add_dataset_buffer(ds: int, buf: int) -> tuple[int, int]:
+    if ds not in S.datasets or buf not in S.buffers:
+        return 0, 100000
+    S.datasets[ds].buffers.append(buf)
+    return ds, 0
+
+
+@api("acl.mdl.get_dataset_num_buffers", "i", ret="none")
+def get_dataset_num_buffers(ds: int) -> int:
+    return len(S.datasets[ds].buffers) if ds in S.datasets else 0
+
+
+@api("acl.mdl.get_dataset_buffer", "ii", ret="none")
+def get_dataset_buffer(ds: int, i: int) -> int:
+    d = S.datasets.get(ds)
+    return d.buffers[i] if d is not None and 0 <= i < len(d.buffers) else 0
+
+
+@api("acl.mdl.destroy_dataset", "i")
+def destroy_dataset(ds: int) -> int:
+    if ds not in S.datasets:
+        S.violate(f"acl.mdl.destroy_dataset of unknown/destroyed dataset {hex(ds)}")
+        return 100000
+    del S.datasets[ds]
+    return 0
+
+
+@api("acl.mdl.set_dynamic_batch_size", "iiii")
+def set_dynamic_batch_size(model_id: int, ds: int, index: int, batch: int) -> int:
+    rc = S.need_ctx("acl.mdl.set_dynamic_batch_size")
+    if rc:
+        return rc
+    m = S.models.get(model_id)
+    if m is None:
+        return 100011
+    if not m.spec.batch_gears:
+        return 100019
+    d = S.datasets.get(ds)
+    if d is None or index != len(m.spec.inputs) or index >= len(d.buffers):
+        S.violate(f"acl.mdl.set_dynamic_batch_size: index {index} is not the {MBATCH_NAME} buffer of "
+                  f"the dataset")
+        return 100000
+    if batch not in m.spec.batch_gears:
+        return 145013
+    ptr, size = S.buffers[d.buffers[index]]
+    r = S.device_region(ptr, 4)
+    if r is None or isinstance(r, str) or size < 4:
+        S.violate(f"acl.mdl.set_dynamic_batch_size: the {MBATCH_NAME} buffer is not valid device memory")
+        return 100000
+    alloc, off = r
+    alloc.data[off:off + 4] = struct.pack("<i", batch)
+    d.batch = batch
+    return 0
+
+
+def _check_buffers(name: str, m: Model, d: Dataset, specs: list[TensorSpec], what: str) -> int:
+    for k, t in enumerate(specs):
+        ptr, size = S.buffers.get(d.buffers[k], [0, 0])
+        if d.buffers[k] not in S.buffers:
+            S.violate(f"{name}: {what} {k} data buffer was destroyed")
+            return 100000
+        need = t.nbytes(m.spec.max_batch)
+        if size < need:
+            S.violate(f"{name}: {what} {t.name!r} buffer is {size} bytes, the model needs {need}")
+            return 100000
+        r = S.device_region(ptr, size)
+        if not isinstance(r, tuple):
+            S.violate(f"{name}: {what} {t.name!r} buffer: {r or 'host memory, not device memory'}")
+            return 107000
+    return 0
+
+
+def _execute(name: str, model_id: int, in_ds: int, out_ds: int) -> int:
+    rc = S.need_ctx(name)
+    if rc:
+        return rc
+    m = S.models.get(model_id)
+    if m is None:
+        return 100011
+    if S.contexts[S.current_ctx] != m.device:
+        S.violate(f"{name}: current context is on another device than the model")
+        return 107003
+    di, do = S.datasets.get(in_ds), S.datasets.get(out_ds)
+    if di is None or do is None:
+        return 100000
+    ins, outs = m.spec.all_inputs, m.spec.outputs
+    if len(di.buffers) != len(ins):
+        S.violate(f"{name}: input dataset has {len(di.buffers)} buffers, the model has {len(ins)} inputs")
+        return 100017
+    if len(do.buffers) != len(outs):
+        S.violate(f"{name}: output dataset has {len(do.buffers)} buffers, the model has {len(outs)} outputs")
+        return 100018
+    rc = _check_buffers(name, m, di, ins, "input") or _check_buffers(name, m, do, outs, "output")
+    if rc:
+        return rc
+    di.models.add(model_id)
+    do.models.add(model_id)
+    batch = di.batch if di.batch is not None else m.spec.max_batch
+    data: dict[str, bytes] = {}
+    for k, t in enumerate(m.spec.inputs):
+        ptr, _ = S.buffers[di.buffers[k]]
+        alloc, off = S.device_region(ptr, 1)
+        data[t.name] = bytes(alloc.data[off:off + t.nbytes(batch)])
+    compute = m.spec.compute or default_compute
+    results = compute(m.spec, data, batch)
+    for k, (t, blob) in enumerate(zip(outs, results)):
+        if len(blob) != t.nbytes(batch):
+            raise AssertionError(f"stand-in model compute returned {len(blob)} bytes for output {t.name!r}, "
+                                 f"expected {t.nbytes(batch)}")
+        ptr, _ = S.buffers[do.buffers[k]]
+        alloc, off = S.device_region(ptr, 1)
+        alloc.data[off:off + len(blob)] = blob
+    m.last_batch = batch
+    S.executions.append(Execution(model_id, batch, data, [bytes(b) for b in results],
+                                  threading.current_thread().name))
+    return 0
+
+
+@api("acl.mdl.execute", "iii")
+def execute(model_id: int, in_ds: int, out_ds: int) -> int:
+    return _execute("acl.mdl.execute", model_id, in_ds, out_ds)
+
+
+@api("acl.mdl.execute_async", "iiii")
+def execute_async(model_id: int, in_ds: int, out_ds: int, stream: int) -> int:
+    if stream not in S.streams:
+        return 107000
+    if S.streams[stream] != S.current_ctx:
+        return 107003
+    return _execute("acl.mdl.execute_async", model_id, in_ds, out_ds)
+
+
+@api("acl.mdl.query_size", "s", ret="triple")
+def query_size(path: str) -> tuple[int, int, int]:
+    if not os.path.isfile(path):
+        return 0, 0, 145002
+    return 1 << 20, os.path.getsize(path), 0
