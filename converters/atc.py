@@ -38,6 +38,8 @@ Public API (used by ``convert(backend="atc")`` and ``npu-deploy convert --backen
     atc_convert(model, output, *, soc, atc=None, timeout=None, on_line=None, on_tick=None,
                 **build_kwargs) -> AtcResult                # require_atc + build_atc_argv + run_atc
     parse_atc_errors(text: str) -> list[dict]               # the ErrorManager blocks of ATC output
+    console_progress(stream=None, *, verbose=False) -> (on_line, on_tick)
+        # ready-made callbacks printing "atc [  12.3 s] <line>" for the CLI
     AtcResult (a npu_deploy._result.Result): argv, returncode, elapsed_s, om_path, output (list of
         lines), warnings (W-codes seen), log_path; bool() True; verdict() one line.
 
@@ -594,17 +596,24 @@ def run_atc(argv: Sequence[str], *, timeout: float | None = None,
             log_dir: str | os.PathLike | None = None) -> AtcResult:
     """Run ATC (``argv`` from :func:`build_atc_argv`) and return its result or raise AtcError.
 
-    ``env`` replaces the inherited environment (``os.environ`` by default);
-    ``ASCEND_PROCESS_LOG_PATH`` is always pointed at ``log_dir`` so this run's plog can be found.
+    ``env`` replaces the inherited environment (``os.environ`` by default).
+    ``ASCEND_PROCESS_LOG_PATH`` is pointed at ``log_dir`` (default: the user's own
+    ``ASCEND_PROCESS_LOG_PATH``, else a new temp dir that is kept for the user to read) so this
+    run's plog can be found and reported as ``log_path``.
     """
     argv = [os.fspath(a) for a in argv]
     if not argv:
         raise InputError("empty ATC command line")
     output = _output_of(argv)
     model = _model_of(argv)
-    log_root = os.fspath(log_dir) if log_dir is not None else tempfile.mkdtemp(prefix="atc-log-")
-    os.makedirs(log_root, exist_ok=True)
     full_env = dict(os.environ if env is None else env)
+    if log_dir is not None:
+        log_root = os.fspath(log_dir)
+    elif full_env.get("ASCEND_PROCESS_LOG_PATH"):
+        log_root = full_env["ASCEND_PROCESS_LOG_PATH"]      # the user chose where logs go
+    else:
+        log_root = tempfile.mkdtemp(prefix="atc-log-")     # kept: the error message points here
+    os.makedirs(log_root, exist_ok=True)
     full_env["ASCEND_PROCESS_LOG_PATH"] = log_root
     started = time.time()
     t0 = time.monotonic()
@@ -728,6 +737,41 @@ def _failure(rc: int, model: str, blocks: list[dict], lines: list[str],
     if log_path:
         hint += f"; ATC log: {log_path}"
     return AtcError(msg, codes=codes, details=details, log_path=log_path, returncode=rc, hint=hint)
+
+
+def console_progress(stream=None, *, verbose: bool = False, every_s: float = 10.0
+                     ) -> tuple[Callable[[str, float], None], Callable[[float], None]]:
+    """``(on_line, on_tick)`` callbacks for :func:`run_atc` that print ATC's progress with the
+    elapsed time to ``stream`` (stderr by default): every line when ``verbose``, else ATC's
+    protocol lines and error codes, plus a "still running" line every ``every_s`` seconds.
+
+    >>> import io
+    >>> buf = io.StringIO()
+    >>> on_line, on_tick = console_progress(buf)
+    >>> on_line("ATC run success, welcome to the next use.", 12.34); on_tick(25.0)
+    >>> print(buf.getvalue(), end="")
+    atc [  12.3 s] ATC run success, welcome to the next use.
+    atc [  25.0 s] still running…
+    """
+    import sys
+
+    out = stream if stream is not None else sys.stderr
+    last = [0.0]
+
+    def emit(text: str, elapsed: float) -> None:
+        out.write(f"atc [{elapsed:6.1f} s] {text}\n")
+        out.flush()
+        last[0] = elapsed
+
+    def on_line(line: str, elapsed: float) -> None:
+        if verbose or line.startswith("ATC ") or _CODE_LINE.match(line):
+            emit(line.strip(), elapsed)
+
+    def on_tick(elapsed: float) -> None:
+        if elapsed - last[0] >= every_s:
+            emit("still running…", elapsed)
+
+    return on_line, on_tick
 
 
 def atc_convert(model: str | os.PathLike, output: str | os.PathLike, *, soc: str,

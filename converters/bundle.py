@@ -30,10 +30,17 @@ caller provides, plus these the writer adds or the converter adds:
 
 - ``schema``, ``schema_version`` (added by :func:`write_bundle`)
 - ``weights``: list of weight-blob entries (added by :func:`write_bundle`), each ``{name, format,
-  logical_shape, storage_shape, dtype, c0, groups, origin, offset, nbytes}``; ``offset`` is relative to the
-  blob start and a multiple of 256; ``dtype`` is the stored (device) dtype name.
+  logical_shape, storage_shape, dtype, c0, groups, origin, offset, nbytes, onnx_shape}``; ``offset`` is
+  relative to the blob start and a multiple of 256; ``dtype`` is the stored (device) dtype name;
+  ``logical_shape`` is what ``formats.unpack`` takes, ``onnx_shape`` the initializer's shape (they
+  differ for Conv1d weights, packed as ``[Cout, Cin, 1, K]``). Entries with format ``ND`` are
+  initializers moved out of the graph unchanged.
 - ``tensor_dtypes``: tensor name → device dtype name (converter)
-- ``transdata_naive``: the naive plan's TransData list (converter)
+- ``transdata_naive``: the naive plan's TransData list, ``transdata_naive_bytes`` its bytes (converter)
+- ``tensor_formats``: activation name → device format; ``plan``: plan verdict and passes run;
+  ``support``: op-support verdict and engine counts (converter)
+- in ``inputs``/``outputs`` entries: ``device_dtype``; in ``node_formats`` entries: ``c0``, ``folded``;
+  in ``transdata`` entries: ``tensor``, ``producer``, ``consumers``, ``dst_bytes``, ``est_us``
 
 Example:
 
@@ -128,6 +135,7 @@ class WeightEntry:
     c0: int | None = None
     groups: int = 1
     origin: str | None = None
+    onnx_shape: tuple[int, ...] | None = None  # the initializer's shape when it differs (Conv1d: 3-D)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -144,11 +152,13 @@ class WeightInfo:
     origin: str | None
     offset: int
     nbytes: int
+    onnx_shape: tuple[int, ...] | None = None
 
     def to_dict(self) -> dict:
         return {"name": self.name, "format": self.format, "logical_shape": list(self.logical_shape),
                 "storage_shape": list(self.storage_shape), "dtype": dtype_name(self.dtype), "c0": self.c0,
-                "groups": self.groups, "origin": self.origin, "offset": self.offset, "nbytes": self.nbytes}
+                "groups": self.groups, "origin": self.origin, "offset": self.offset, "nbytes": self.nbytes,
+                "onnx_shape": list(self.onnx_shape if self.onnx_shape is not None else self.logical_shape)}
 
 
 def _jsonable(obj: Any) -> Any:
@@ -210,7 +220,8 @@ def _write_stream(f, manifest: dict, graph: onnx.ModelProto, weights: Iterable[W
         info = WeightInfo(entry.name, str(entry.format), tuple(int(d) for d in entry.logical_shape),
                           tuple(int(d) for d in arr.shape), _DTYPES[name_dt],
                           None if entry.c0 is None else int(entry.c0), int(entry.groups), entry.origin,
-                          pos, int(arr.nbytes))
+                          pos, int(arr.nbytes),
+                          None if entry.onnx_shape is None else tuple(int(d) for d in entry.onnx_shape))
         mv = memoryview(arr.reshape(-1).view(np.uint8))
         blob_hash.update(mv)
         f.write(mv)
@@ -280,11 +291,13 @@ class Bundle:
         return arr.reshape(info.storage_shape)
 
     def unpack(self, name: str) -> np.ndarray:
-        """The logical tensor of weight ``name`` (its original shape, in the stored dtype)."""
+        """The original tensor of weight ``name``: unpacked from its device format and reshaped to the
+        ONNX initializer's shape (``onnx_shape``), in the stored dtype."""
         info = self._info(name)
         phys = self.packed(name)
+        target = info.onnx_shape if info.onnx_shape is not None else info.logical_shape
         if info.format == "ND":
-            return np.array(phys.reshape(info.logical_shape))
+            return np.array(phys.reshape(target))
         from npu_deploy.converters import formats
 
         kwargs: dict[str, Any] = {"groups": info.groups}
@@ -292,7 +305,7 @@ class Bundle:
             kwargs["c0"] = info.c0
         if info.origin is not None:
             kwargs["origin"] = info.origin
-        return formats.unpack(phys, info.format, info.logical_shape, **kwargs)
+        return np.asarray(formats.unpack(phys, info.format, info.logical_shape, **kwargs)).reshape(target)
 
     def _info(self, name: str) -> WeightInfo:
         try:
@@ -432,6 +445,7 @@ def _parse_weights(p: Path, raw: Any, blob_len: int) -> dict[str, WeightInfo]:
             dt_name = w["dtype"]
             offset, nbytes = w["offset"], w["nbytes"]
             c0, groups, origin = w.get("c0"), w.get("groups", 1), w.get("origin")
+            onnx_shape = _int_tuple(w["onnx_shape"]) if w.get("onnx_shape") is not None else None
         except (KeyError, TypeError, ValueError) as e:
             raise BundleError(f"{where}: missing or malformed field ({e})") from None
         if not isinstance(name, str) or not isinstance(fmt, str):
@@ -463,13 +477,22 @@ def _parse_weights(p: Path, raw: Any, blob_len: int) -> dict[str, WeightInfo]:
             raise BundleError(f"{where}: bad groups {groups!r}")
         if origin is not None and not isinstance(origin, str):
             raise BundleError(f"{where}: bad origin {origin!r}")
+        if onnx_shape is not None and _prod(onnx_shape) != _prod(logical):
+            raise BundleError(f"{where}: onnx_shape {onnx_shape} and logical shape {logical} differ in size")
         spans.append((offset, offset + nbytes, name))
-        out[name] = WeightInfo(name, fmt, logical, storage, dt, c0, groups, origin, offset, nbytes)
+        out[name] = WeightInfo(name, fmt, logical, storage, dt, c0, groups, origin, offset, nbytes, onnx_shape)
     spans.sort()
     for (a0, a1, an), (b0, b1, bn) in zip(spans, spans[1:]):
         if b0 < a1:
             raise BundleError(f"{p}: weights {an!r} and {bn!r} overlap in the weight blob")
     return out
+
+
+def _prod(shape: tuple[int, ...]) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
 
 
 def _int_tuple(v: Any) -> tuple[int, ...]:

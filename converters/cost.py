@@ -840,8 +840,17 @@ def model_tensor_types(model, *, input_shapes: Mapping[str, Sequence[int]] | Non
 
 def _device_dtypes(dtypes: dict[str, np.dtype], dtype: Any) -> dict[str, np.dtype]:
     """Float tensors are stored in the compute dtype on the device (ATC's default force_fp16)."""
-    compute = np.dtype(_dtype_name(dtype)) if _dtype_name(dtype) in np.sctypeDict else None
-    if compute is None or compute.kind != "f":
+    name = _dtype_name(dtype)
+    try:
+        if name == "bfloat16":
+            import ml_dtypes
+
+            compute = np.dtype(ml_dtypes.bfloat16)
+        else:
+            compute = np.dtype(name)
+    except TypeError:
+        return dtypes
+    if compute.kind not in "fV" or compute.itemsize not in (2, 4):
         return dtypes
     return {k: (compute if v.kind == "f" else v) for k, v in dtypes.items()}
 

@@ -46,6 +46,7 @@ Conventions
 Additions to the contract in ``docs/internals.md``: :data:`GE_FORMATS`, :data:`GE_DTYPES`,
 :data:`ACL_FORMAT_UNDEFINED`, :data:`ACL_DT_UNDEFINED`, :func:`normalize_dtype`, :func:`itemsize`,
 :func:`dtype_bits`, :func:`resolve_c0`, :func:`origin_of`, :func:`offsets` (vectorised offset map),
+:func:`layout_info` (a :class:`LayoutInfo` result, used by ``npu-deploy layout info``),
 :meth:`Format.describe`, ``Format.packable`` / ``Format.is_plain``, and ``FormatWord.groups``.
 """
 
@@ -59,6 +60,8 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 
+from npu_deploy._result import Result
+from npu_deploy.converters import _fastcopy
 from npu_deploy.errors import FormatError
 
 __all__ = [
@@ -68,6 +71,7 @@ __all__ = [
     "default_c0", "resolve_c0", "origin_of", "normalize_dtype", "itemsize", "dtype_bits",
     "dtype_to_acl", "acl_to_dtype",
     "storage_shape", "nbytes", "padding_overhead", "pack", "unpack", "offset", "offsets", "transdata",
+    "LayoutInfo", "layout_info",
 ]
 
 # ------------------------------------------------------------------------------------------------
@@ -818,11 +822,14 @@ class _StagePlan:
     lhs_sizes: tuple[tuple[int, ...], ...]  # elementary sizes per lhs group
     sizes: Mapping[str, int]
     out_shape: tuple[int, ...]        # batch + one per rhs group
+    pieces: tuple = ()                # precomputed _piece_products (data rectangles)
+    tails: tuple = ()                 # precomputed padding rectangles of the elementary view
+    diagonal: bool = False
 
 
-def _layout_for(f: Format, origin: str, rank: int, groups: int) -> tuple[str, Layout]:
+def _layout_for(f: Format, origin: str, rank: int, groups: int, grouped: bool = False) -> tuple[str, Layout]:
     layouts = f.layouts
-    if groups > 1:
+    if groups > 1 or grouped:
         if not f.grouped:
             raise FormatError(f"{f.name} has no groups (got groups={groups})",
                               hint="groups apply to FRACTAL_Z and FRACTAL_Z_3D weights")
@@ -872,13 +879,15 @@ def _plan_cached(fmt_name: str, shape: tuple[int, ...], dtype_str: str, c0: int 
 
 
 def _make_plan(f: Format, shape: tuple[int, ...], dt: np.dtype, c0: int | None, groups: int,
-               origin: str | None) -> _Plan:
+               origin: str | None, grouped: bool = False) -> _Plan:
+    """Resolve everything for one call. ``grouped=True`` forces the grouped layout even for
+    ``groups == 1`` (tests use it to check that it reduces to the plain one)."""
     origin = origin_of(f, origin)
     rank = len(shape)
     if any(d < 0 for d in shape):
         raise FormatError(f"{f.name}: shape {list(shape)} has a negative (dynamic) dimension",
                           hint="give the concrete logical shape")
-    kind, layout = _layout_for(f, origin, rank, groups)
+    kind, layout = _layout_for(f, origin, rank, groups, grouped)
     c0v = resolve_c0(f, dt, c0)
     known: dict[str, int] = {k: (c0v if v == "C0" else v) for k, v in layout.blocks.items()}  # type: ignore
     # rank handling: ND-style layouts, matrix, 4-D/5-D letter layouts with expansion
@@ -925,7 +934,7 @@ def _make_plan(f: Format, shape: tuple[int, ...], dt: np.dtype, c0: int | None, 
                                   f"in {origin} order")
         perm = tuple(src.index(a) for a in letters)
         letter_shape = tuple(expanded[p] for p in perm)
-    if groups > 1:
+    if groups > 1 or grouped:
         known.update(f.group_sizes(letter_shape, c0v, groups))  # type: ignore[misc]
     # run the stages symbolically
     stages: list[_StagePlan] = []
@@ -938,7 +947,10 @@ def _make_plan(f: Format, shape: tuple[int, ...], dt: np.dtype, c0: int | None, 
         lengths = tuple(cur[n_batch:])
         sizes, lhs_sizes = _resolve_sizes(st, lengths, known, f.name)
         out = batch + tuple(math.prod(sizes[a] for a in g) for g in st.rhs)
-        stages.append(_StagePlan(st, batch, tuple(cur), lengths, lhs_sizes, sizes, out))
+        sp = _StagePlan(st, batch, tuple(cur), lengths, lhs_sizes, sizes, out,
+                        diagonal=len(set(st.rhs_axes)) != len(st.rhs_axes))
+        sp = dataclasses.replace(sp, pieces=tuple(_piece_products(sp)), tails=tuple(_tail_index(sp)))
+        stages.append(sp)
         cur = out
     return _Plan(f, layout, tuple(shape), perm, letter_shape, tuple(stages), tuple(cur), dt, c0v, expanded,
                  expand_pos)
@@ -1127,28 +1139,36 @@ def _src_piece(src: np.ndarray, sp: _StagePlan, slices: tuple[slice, ...],
     return _split_axes(part, splits, len(sp.batch))
 
 
-def _zero_padding(dv: np.ndarray, sp: _StagePlan) -> None:
+def _tail_index(sp: _StagePlan):
+    """Index tuples (into the elementary view) covering every padding element of a stage."""
     for g, (L, sizes) in enumerate(zip(sp.lengths, sp.lhs_sizes)):
         before = sum(len(s) for s in sp.lhs_sizes[:g])
         after = sum(len(s) for s in sp.lhs_sizes[g + 1:])
         for piece in _tail_pieces(L, sizes):
-            dv[(Ellipsis,) + (slice(None),) * before + piece + (slice(None),) * after] = 0
+            yield (Ellipsis,) + (slice(None),) * before + piece + (slice(None),) * after
+
+
+def _zero_padding(dv: np.ndarray, sp: _StagePlan) -> None:
+    for idx in sp.tails:
+        dv[idx] = 0
 
 
 def _stage_pack(src: np.ndarray, sp: _StagePlan, dst: np.ndarray, zero_all: bool) -> None:
-    if zero_all:
+    # Mostly padding (C = 3 in NC1HWC0): one contiguous fill beats many strided ones.
+    if zero_all or 4 * math.prod(sp.in_shape) < 3 * dst.size:
         dst[...] = 0
+        zero_all = True
     dv = _elementary_view(dst, sp)
     if not zero_all:
         _zero_padding(dv, sp)
-    for idx, slices, shape in _piece_products(sp):
-        dv[(Ellipsis,) + idx] = _src_piece(src, sp, slices, shape)
+    for idx, slices, splits in sp.pieces:
+        _fastcopy.copy(dv[(Ellipsis,) + idx], _src_piece(src, sp, slices, splits))
 
 
 def _stage_unpack(phys: np.ndarray, sp: _StagePlan, dst: np.ndarray) -> None:
     dv = _elementary_view(phys, sp)
-    for idx, slices, shape in _piece_products(sp):
-        _src_piece(dst, sp, slices, shape)[...] = dv[(Ellipsis,) + idx]
+    for idx, slices, splits in sp.pieces:
+        _fastcopy.copy(_src_piece(dst, sp, slices, splits), dv[(Ellipsis,) + idx])
 
 
 def _as_letter_view(x: np.ndarray, p: _Plan) -> np.ndarray:
@@ -1198,10 +1218,6 @@ def pack(x: Any, fmt: Any, *, c0: int | None = None, groups: int = 1, origin: st
         _check_out(out, p.storage, x.dtype, "storage")
         if not out.flags.c_contiguous:
             raise FormatError("out= must be C-contiguous (it is the device byte image)")
-    from npu_deploy.converters import _fastcopy
-
-    if _fastcopy.pack(x, p, out):
-        return out
     _pack_derived(x, p, out)
     return out
 
@@ -1212,8 +1228,7 @@ def _pack_derived(x: np.ndarray, p: _Plan, out: np.ndarray) -> None:
     n = len(p.stages)
     for i, sp in enumerate(p.stages):
         dst = out if i == n - 1 else np.empty(sp.out_shape, dtype=out.dtype)
-        diag = len(set(sp.stage.rhs_axes)) != len(sp.stage.rhs_axes)
-        _stage_pack(cur, sp, dst, zero_all=diag)
+        _stage_pack(cur, sp, dst, zero_all=sp.diagonal)
         cur = dst
 
 
@@ -1277,10 +1292,6 @@ def unpack(phys: Any, fmt: Any, shape: Sequence[int], *, c0: int | None = None, 
         _check_out(out, p.shape, phys.dtype, "logical")
         if not out.flags.c_contiguous:
             raise FormatError("out= must be C-contiguous")
-    from npu_deploy.converters import _fastcopy
-
-    if _fastcopy.unpack(phys, p, out):
-        return out
     _unpack_derived(phys, p, out)
     return out
 
@@ -1405,3 +1416,65 @@ def _default_transdata_origin(sf: Format, df: Format) -> str | None:
         if f.blocked:
             return f.default_origin
     return None
+
+
+# ------------------------------------------------------------------------------------------------
+# A serialisable summary (``npu-deploy layout info``)
+# ------------------------------------------------------------------------------------------------
+
+@dataclasses.dataclass
+class LayoutInfo(Result):
+    """What a logical tensor becomes in a storage format: shape, bytes, padding, enum values.
+
+    >>> info = layout_info("NC1HWC0", (1, 3, 224, 224), "float16")
+    >>> info.storage_shape, info.acl_format, round(info.padding_overhead, 3)
+    ([1, 1, 224, 224, 16], 3, 4.333)
+    """
+
+    SCHEMA = "npu-deploy/layout-info"
+    SCHEMA_VERSION = 1
+
+    format: str
+    ge_format: int
+    acl_format: int | None
+    logical_shape: list[int]
+    dtype: str
+    acl_dtype: int | None
+    origin: str
+    storage_shape: list[int]
+    c0: int | None
+    groups: int
+    nbytes: int
+    logical_nbytes: int
+    padding_overhead: float
+    format_word: int
+    pattern: str
+
+    def __bool__(self) -> bool:
+        return True
+
+    def verdict(self) -> str:
+        return (f"{self.format} {self.logical_shape} {self.dtype} -> storage {self.storage_shape}: "
+                f"{self.nbytes} bytes, {100 * self.padding_overhead:+.1f} % padding")
+
+
+def layout_info(fmt: Any, shape: Sequence[int], dtype: Any, *, c0: int | None = None, groups: int = 1,
+                origin: str | None = None) -> LayoutInfo:
+    """Describe ``shape``/``dtype`` in ``fmt`` as a :class:`LayoutInfo` (JSON-serialisable)."""
+    f = get_format(fmt)
+    p = _plan(f, shape, dtype, c0, groups, origin)
+    try:
+        acl_dtype: int | None = dtype_to_acl(p.dtype)
+    except FormatError:
+        acl_dtype = None
+    g = int(groups or 1)
+    used_origin = origin_of(f, origin)
+    if origin is None and p.layout.letters == "kn":
+        used_origin = "ND"
+    word_c0 = p.c0 if (p.c0 is not None and f.c0 is None and c0 is not None) else None
+    return LayoutInfo(
+        format=f.name, ge_format=f.ge, acl_format=f.acl, logical_shape=list(p.shape), dtype=p.dtype.name,
+        acl_dtype=acl_dtype, origin=used_origin, storage_shape=list(p.storage), c0=p.c0, groups=g,
+        nbytes=math.prod(p.storage) * p.dtype.itemsize, logical_nbytes=math.prod(p.shape) * p.dtype.itemsize,
+        padding_overhead=(math.prod(p.storage) / math.prod(p.shape) - 1.0) if math.prod(p.shape) else 0.0,
+        format_word=encode_format_word(f, g if (g > 1) else 0, word_c0), pattern=p.layout.pattern)

@@ -27,7 +27,8 @@ JSON schema ``npu-deploy/inspect``, version 1 (``InspectReport.to_json``). Top l
 * ``onnx`` (or null): ``producer_name``, ``producer_version``, ``ir_version``, ``opsets`` (domain →
   version), ``graph_name``, ``node_count``, ``subgraph_node_count``, ``initializer_count``,
   ``initializer_bytes``, ``constant_node_bytes``, ``external_data`` (``[{file, tensors, bytes, exists}]``), ``nodes`` (with
-  ``ops``: ``[{name, op_type, engine?, cann_op?}]``), ``soc`` (with ``soc``: ``{soc, precision_mode,
+  ``ops``: ``[{name, op_type, domain}]``, plus with ``soc``: ``planned_name`` (the name used by the
+  plan; unnamed nodes become ``<op_type>_<index>``), ``engine``, ``cann_op``, ``folded``), ``soc`` (with ``soc``: ``{soc, precision_mode,
   support: {AI Core, AI CPU, unsupported}, unsupported: [...], node_formats?, transdata_naive_count?,
   formattrans_share?, estimated_total_us?, planner}``)
 * ``bundle`` (or null): ``soc``, ``precision_mode``, ``producer``, ``producer_version``,
@@ -85,6 +86,9 @@ class InspectReport(Result):
         return not self.problems
 
     def verdict(self) -> str:
+        return printable(self._verdict())
+
+    def _verdict(self) -> str:
         n_in, n_out = len(self.inputs), len(self.outputs)
         io = f"{n_in} input{'s' * (n_in != 1)}, {n_out} output{'s' * (n_out != 1)}"
         state = "integrity OK" if not self.problems else f"{len(self.problems)} integrity problem(s)"
@@ -241,7 +245,7 @@ def _external_data(model, base: Path, problems: list[str]) -> list[dict]:
     for t in tensors:
         if t.data_location != onnx.TensorProto.EXTERNAL:
             continue
-        info = {e.key: e.value for e in t.external_data}
+        info = {_text_only(e.key): _text_only(e.value) for e in t.external_data}
         loc = info.get("location", "")
         entry = files.setdefault(loc, {"file": loc, "tensors": 0, "bytes": 0, "exists": False, "_end": 0})
         entry["tensors"] += 1
@@ -257,17 +261,20 @@ def _external_data(model, base: Path, problems: list[str]) -> list[dict]:
     out = []
     for loc, entry in files.items():
         end = entry.pop("_end")
-        target = (base / loc).resolve() if loc else None
-        if target is None or Path(loc).is_absolute() or base_resolved not in (target, *target.parents):
-            problems.append(f"external data file {loc!r} lies outside the model's folder")
-        elif not target.is_file():
-            problems.append(f"external data file {loc!r} is missing (looked in {base})")
-        else:
-            entry["exists"] = True
-            size = target.stat().st_size
-            if size < end:
-                problems.append(f"external data file {loc!r} is {size} bytes, tensors need {end}")
         out.append(entry)
+        try:
+            target = (base / loc).resolve() if loc else None
+            if target is None or Path(loc).is_absolute() or base_resolved not in (target, *target.parents):
+                problems.append(f"external data file {loc!r} lies outside the model's folder")
+            elif not target.is_file():
+                problems.append(f"external data file {loc!r} is missing (looked in {base})")
+            else:
+                entry["exists"] = True
+                size = target.stat().st_size
+                if size < end:
+                    problems.append(f"external data file {loc!r} is {size} bytes, tensors need {end}")
+        except (OSError, ValueError) as e:  # e.g. a NUL byte in the name, a name too long
+            problems.append(f"external data file {loc!r} cannot be checked ({e})")
     return out
 
 
@@ -325,9 +332,21 @@ def _inspect_onnx(path: Path, *, soc: str | None, ops: bool, layers: bool,
         info["soc"], layout_ops = _onnx_on_soc(path, info, soc=soc, ops=ops, layers=layers,
                                               input_shapes=input_shapes, dynamic_batch=dynamic_batch,
                                               precision_mode=precision_mode, notes=notes)
-    return InspectReport(path=str(path), kind="onnx", file_size=path.stat().st_size, inputs=inputs,
-                         outputs=outputs, op_count=len(g.node), op_types=dict(hist.most_common()),
-                         layout_ops=layout_ops, problems=problems, notes=notes, onnx=info)
+    return InspectReport(path=str(path), kind="onnx", file_size=path.stat().st_size, inputs=_text_only(inputs),
+                         outputs=_text_only(outputs), op_count=len(g.node),
+                         op_types=_text_only(dict(hist.most_common())), layout_ops=_text_only(layout_ops),
+                         problems=_text_only(problems), notes=notes, onnx=_text_only(info))
+
+
+def _text_only(v: Any) -> Any:
+    """Strings from a protobuf may come back as bytes when they are not valid UTF-8: make them text."""
+    if isinstance(v, bytes):
+        return v.decode("utf-8", errors="replace")
+    if isinstance(v, dict):
+        return {_text_only(k): _text_only(x) for k, x in v.items()}
+    if isinstance(v, list):
+        return [_text_only(x) for x in v]
+    return v
 
 
 def _onnx_on_soc(path: Path, info: dict, *, soc: str, ops: bool, layers: bool,
@@ -341,47 +360,34 @@ def _onnx_on_soc(path: Path, info: dict, *, soc: str, ops: bool, layers: bool,
                            "unsupported": [{"name": n.name, "op_type": n.op_type, "detail": n.detail}
                                            for n in report.unsupported()]}
     if ops:
+        # the loader names unnamed nodes (<op_type>_<index>); nodes keep their order, so match by index
         by_name = {n.name: n for n in report.nodes}
-        for node in info.get("nodes", []):
-            s = by_name.get(node["name"])
+        loaded_nodes = list(loaded.model.graph.node)
+        for k, node in enumerate(info.get("nodes", [])):
+            if k < len(loaded_nodes) and loaded_nodes[k].op_type == node["op_type"]:
+                node["planned_name"] = loaded_nodes[k].name
+            s = by_name.get(node.get("planned_name", node["name"]))
             if s is not None:
                 node.update(engine=s.engine, cann_op=s.cann_op, folded=s.folded)
-    try:
-        from npu_deploy.converters import planner
-    except ImportError:
-        out["planner"] = "not available"
-        notes.append("layout planning is not available in this build: the op-support verdict is shown, "
-                     "the planned layouts and TransData list are not")
-        return out, []
+    from npu_deploy.converters import planner
+
     return _with_plan(planner, loaded, report, out, soc=soc, layers=layers, precision_mode=precision_mode)
 
 
 def _with_plan(planner, loaded, report, out: dict, *, soc: str, layers: bool,
                precision_mode: str | None) -> tuple[dict, list[dict]]:
-    kwargs: dict[str, Any] = {"soc": soc}
-    if precision_mode is not None:
-        kwargs["precision_mode"] = precision_mode
-    plan = planner.plan(loaded, **kwargs)
+    plan = planner.plan(loaded, soc=soc, precision_mode=precision_mode, support=report)
     out["planner"] = "built-in"
-    layout_ops = [_transdata_entry(t) for t in (getattr(plan, "transdata", None) or [])]
-    out["transdata_count"] = len(layout_ops)
-    naive = getattr(plan, "transdata_naive", None)
-    if naive is not None:
-        out["transdata_naive_count"] = len(naive)
-    cost = None
-    for attr in ("cost", "estimate"):
-        c = getattr(plan, attr, None)
-        cost = c() if callable(c) else c
-        if cost is not None:
-            break
-    if cost is not None and hasattr(cost, "formattrans_share"):
+    out["precision_mode"] = plan.precision_mode
+    layout_ops = [dict(t.to_manifest(), type="TransData") for t in plan.transdata]
+    out["transdata_count"] = len(plan.transdata)
+    out["transdata_naive_count"] = len(plan.transdata_naive)
+    cost = plan.cost
+    if cost is not None:
         out["formattrans_share"] = float(cost.formattrans_share)
-        out["estimated_total_us"] = float(getattr(cost, "total_us", float("nan")))
+        out["estimated_total_us"] = float(cost.total_us)
     if layers:
-        nf = getattr(plan, "node_formats", None)
-        nf = nf() if callable(nf) else nf
-        if isinstance(nf, Mapping):
-            out["node_formats"] = {str(k): _plain(v) for k, v in nf.items()}
+        out["node_formats"] = {name: nf.to_manifest() for name, nf in plan.node_formats.items()}
     return out, layout_ops
 
 
@@ -463,6 +469,12 @@ def _inspect_bundle(path: Path, *, ops: bool, layers: bool, verify: bool) -> Ins
           f"manifest {m_in}, graph {[n for n in g_in if n not in wnames]}")
     check("manifest outputs match the graph outputs", [t["name"] for t in outputs] == g_out,
           f"manifest {[t['name'] for t in outputs]}, graph {g_out}")
+    bad_io = [t["name"] for t in inputs + outputs
+              if not (isinstance(t.get("device_shape"), list) and t["device_shape"]
+                      and all(isinstance(d, int) and d > 0 for d in t["device_shape"])
+                      and isinstance(t.get("nbytes"), int) and t["nbytes"] > 0)]
+    check("every input/output has a concrete device shape and a positive byte size", not bad_io,
+          f"not so for {bad_io[:5]}")
     used = {i for n in g.node for i in n.input} | set(g_in) | init
     unused = sorted(wnames - used)
     check("every stored weight is used by the graph", not unused, f"unused: {unused[:5]}")
@@ -577,6 +589,13 @@ def _shape_text(shape: Any, names: Any = None) -> str:
     return "[" + ",".join(dims) + "]"
 
 
+def _share_text(share: Any) -> str | None:
+    if not isinstance(share, (int, float)):
+        return None
+    flag = " (above the 8 % threshold: see which TransData below)" if share > 0.08 else ""
+    return f"{100 * share:.1f} % of estimated device time{flag}"
+
+
 def _seq_text(v: Any) -> str:
     if isinstance(v, (list, tuple)):
         return ",".join(map(str, v)) or "-"
@@ -641,8 +660,7 @@ def render_text(r: InspectReport, *, ops: bool = False, layers: bool = False, to
                       ("memory", ", ".join(f"{k} {v:,}" if isinstance(v, int) else f"{k} {v}"
                                            for k, v in (b["memory"] or {}).items())),
                       ("TransData naive", b["transdata_naive_count"]),
-                      ("FormatTrans est.", f"{100 * b['formattrans_share']:.1f} %"
-                       if b["formattrans_share"] is not None else None)])
+                      ("FormatTrans est.", _share_text(b["formattrans_share"]))])
     elif r.kind == "om" and r.om:
         o = r.om
         h = o["header"]
@@ -702,8 +720,7 @@ def render_text(r: InspectReport, *, ops: bool = False, layers: bool = False, to
                       ("unsupported", s.get("unsupported")), ("planner", soc.get("planner")),
                       ("TransData", soc.get("transdata_count")),
                       ("TransData naive", soc.get("transdata_naive_count")),
-                      ("FormatTrans est.", f"{100 * soc['formattrans_share']:.1f} %"
-                       if soc.get("formattrans_share") is not None else None)])
+                      ("FormatTrans est.", _share_text(soc.get("formattrans_share")))])
         for u in soc["unsupported"][:20]:
             lines.append(f"  unsupported  {u['name']} ({u['op_type']}): {u['detail']}")
     if r.layout_ops:
@@ -718,7 +735,8 @@ def render_text(r: InspectReport, *, ops: bool = False, layers: bool = False, to
         nodes = (r.onnx or {}).get("nodes") or (r.om or {}).get("ops")
         if nodes:
             lines.append("ops:")
-            lines += _table([[str(n.get("name")), str(n.get("op_type") or n.get("type")),
+            lines += _table([[str(n.get("planned_name") or n.get("name") or "(unnamed)"),
+                              str(n.get("op_type") or n.get("type")),
                               str(n.get("engine") or "")] for n in nodes], ["name", "type", "engine"])
     if layers:
         if r.kind == "om" and (r.om or {}).get("ops"):
@@ -741,7 +759,15 @@ def render_text(r: InspectReport, *, ops: bool = False, layers: bool = False, to
     for n in r.notes:
         lines.append(f"note: {n}")
     lines.append(r.verdict())
-    return "\n".join(lines)
+    return "\n".join(printable(line) for line in lines)
+
+
+def printable(text: str) -> str:
+    """Escape control characters (newlines, ANSI escapes) that a stranger's file may carry in names."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else f"\\x{ord(c):02x}" if ord(c) < 256 else f"\\u{ord(c):04x}"
+                   for c in text)
 
 
 __all__ = ["InspectReport", "inspect", "detect_kind", "render_text", "KINDS"]

@@ -31,16 +31,17 @@ Public API (used by the planner and the bundle manifest)::
         bool(plan) -> True when the arena is within 1.25x the lower bound; .verdict() one line
     memtensors_from_graph(graph: onnx.GraphProto, nbytes: Mapping[str, int]) -> list[MemTensor]
         # activation lifetimes from node order (ONNX graphs are topologically sorted). Graph
-        # inputs live from -1, graph outputs to len(graph.node); initializers are weights, not
-        # activations, and are skipped. Names missing from ``nbytes`` raise InputError.
+        # inputs live from -1, graph outputs to len(graph.node); initializers and Constant
+        # outputs are weights, not activations, and are skipped. Names missing from ``nbytes``
+        # raise InputError.
 
 Zero-byte tensors get offset 0 and a zero-size slot; they never conflict with anything.
 
 Algorithm: greedy by size (largest aligned size first, ties by longer lifetime, then name), each
 tensor placed at the best-fitting gap between the already placed tensors whose lifetimes intersect
-its own, else above the highest of them. Conflicting tensors are found with a max-``last_use``
-segment tree over the tensors sorted by ``first_use``, so the cost is O(n log n + total conflicts),
-not O(n²) over all pairs.
+its own, else above the highest of them. Conflicting tensors are found by bisection in the
+short-lived tensors sorted by ``first_use`` plus one vectorised test over the few long-lived ones,
+so the cost grows with the number of conflicts, not with all pairs (``benchmarks/bench_memory.py``).
 
 >>> plan = plan_memory([MemTensor("a", 1000, 0, 1), MemTensor("b", 300, 1, 2),
 ...                     MemTensor("c", 1000, 2, 3)])
@@ -56,6 +57,8 @@ import bisect
 import dataclasses
 import heapq
 from typing import Any, ClassVar, Mapping, Sequence
+
+import numpy as np
 
 from npu_deploy._result import Result
 from npu_deploy.errors import InputError, InternalError
@@ -102,51 +105,71 @@ def _check_inputs(tensors: Sequence[MemTensor], alignment: int) -> None:
                              f"{t.last_use}", hint="first_use must not be after last_use")
 
 
-class _MaxLastUseTree:
-    """Placed tensors sorted by first_use; query those whose lifetime meets [lo, hi].
+class _ConflictIndex:
+    """Placed tensors, queried for those whose lifetime meets [a, b].
 
-    Leaf i holds last_use of the i-th tensor in first_use order once placed (else -inf). A query
-    walks the prefix of tensors with first_use <= hi and descends only into nodes whose max
-    last_use >= lo, so it costs O((k + 1) log n) for k hits.
+    Lifetimes are split at ``span`` (the 95th percentile): short-lived tensors sit in arrays sorted
+    by ``first_use`` and any that meets [a, b] starts in [a - span, b], a contiguous slice found by
+    bisection; the few long-lived ones are tested all at once with numpy. A query costs about the
+    number of tensors live around [a, b], not the number of tensors.
     """
 
-    NONE = float("-inf")
+    VECTOR_FROM = 48  # slices longer than this are filtered with numpy instead of a Python loop
 
-    def __init__(self, firsts: list[int]):
-        self.firsts = firsts
-        size = 1
-        while size < max(1, len(firsts)):
-            size *= 2
-        self.size = size
-        self.tree: list[float] = [self.NONE] * (2 * size)
+    def __init__(self, tensors: Sequence[MemTensor], sizes: list[int]):
+        n = len(tensors)
+        lives = [t.last_use - t.first_use for t in tensors]
+        self.span = sorted(lives)[(95 * (n - 1)) // 100] if n else 0
+        short = sorted((i for i in range(n) if lives[i] <= self.span),
+                       key=lambda i: tensors[i].first_use)
+        long_ = [i for i in range(n) if lives[i] > self.span]
+        self.where: dict[int, tuple[bool, int]] = {}
+        for p, i in enumerate(short):
+            self.where[i] = (True, p)
+        for p, i in enumerate(long_):
+            self.where[i] = (False, p)
+        self.s_first = [tensors[i].first_use for i in short]
+        self.s_last = [tensors[i].last_use for i in short]
+        self.s_size = [sizes[i] for i in short]
+        self.s_off = [-1] * len(short)
+        self.s_last_np = np.array(self.s_last, dtype=np.int64)
+        self.s_size_np = np.array(self.s_size, dtype=np.int64)
+        self.s_off_np = np.full(len(short), -1, dtype=np.int64)
+        self.l_first = np.array([tensors[i].first_use for i in long_], dtype=np.int64)
+        self.l_last = np.array([tensors[i].last_use for i in long_], dtype=np.int64)
+        self.l_size = np.array([sizes[i] for i in long_], dtype=np.int64)
+        self.l_off = np.full(len(long_), -1, dtype=np.int64)
 
-    def place(self, pos: int, last_use: int) -> None:
-        i = pos + self.size
-        self.tree[i] = last_use
-        i //= 2
-        tree = self.tree
-        while i and tree[i] < last_use:
-            tree[i] = last_use
-            i //= 2
+    def place(self, i: int, offset: int) -> None:
+        is_short, p = self.where[i]
+        if is_short:
+            self.s_off[p] = offset
+            self.s_off_np[p] = offset
+        else:
+            self.l_off[p] = offset
 
-    def query(self, lo: int, hi: int) -> list[int]:
-        """Positions of placed tensors with first_use <= hi and last_use >= lo."""
-        end = bisect.bisect_right(self.firsts, hi)  # positions [0, end)
-        out: list[int] = []
-        if end == 0:
-            return out
-        tree, size = self.tree, self.size
-        stack = [(1, 0, size)]
-        while stack:
-            node, a, b = stack.pop()
-            if a >= end or tree[node] < lo:
-                continue
-            if node >= size:
-                out.append(node - size)
-                continue
-            mid = (a + b) // 2
-            stack.append((2 * node + 1, mid, b))
-            stack.append((2 * node, a, mid))
+    def busy(self, a: int, b: int) -> list[tuple[int, int]]:
+        """(offset, end) of every placed tensor live at some step in [a, b]."""
+        lo = bisect.bisect_left(self.s_first, a - self.span)
+        hi = bisect.bisect_right(self.s_first, b)
+        out: list[tuple[int, int]] = []
+        if hi - lo <= self.VECTOR_FROM:
+            s_off, s_last, s_size = self.s_off, self.s_last, self.s_size
+            for p in range(lo, hi):
+                o = s_off[p]
+                if o >= 0 and s_last[p] >= a:
+                    out.append((o, o + s_size[p]))
+        else:
+            off = self.s_off_np[lo:hi]
+            sel = np.flatnonzero((off >= 0) & (self.s_last_np[lo:hi] >= a))
+            if sel.size:
+                o = off[sel]
+                out.extend(zip(o.tolist(), (o + self.s_size_np[lo:hi][sel]).tolist()))
+        if self.l_off.size:
+            sel = np.flatnonzero((self.l_off >= 0) & (self.l_first <= b) & (self.l_last >= a))
+            if sel.size:
+                o = self.l_off[sel]
+                out.extend(zip(o.tolist(), (o + self.l_size[sel]).tolist()))
         return out
 
 
@@ -304,28 +327,21 @@ def plan_memory(tensors: Sequence[MemTensor], alignment: int = ALIGNMENT) -> Mem
     """
     tensors = list(tensors)
     _check_inputs(tensors, alignment)
-    by_first = sorted(range(len(tensors)), key=lambda i: tensors[i].first_use)
-    pos_of = {idx: pos for pos, idx in enumerate(by_first)}
-    tree = _MaxLastUseTree([tensors[i].first_use for i in by_first])
     sizes = [_align(t.nbytes, alignment) for t in tensors]
+    index = _ConflictIndex(tensors, sizes)
     order = sorted(range(len(tensors)),
                    key=lambda i: (-sizes[i], -(tensors[i].last_use - tensors[i].first_use),
                                   tensors[i].name))
     offsets: dict[str, int] = {}
-    placed_off = [0] * len(tensors)  # indexed by position in first_use order
     arena = 0
     for i in order:
         t, size = tensors[i], sizes[i]
         if size == 0:
             offsets[t.name] = 0
             continue
-        hits = tree.query(t.first_use, t.last_use)
-        busy = [(placed_off[p], placed_off[p] + sizes[by_first[p]]) for p in hits]
-        off = _place(size, busy)
+        off = _place(size, index.busy(t.first_use, t.last_use))
         offsets[t.name] = off
-        pos = pos_of[i]
-        placed_off[pos] = off
-        tree.place(pos, t.last_use)
+        index.place(i, off)
         arena = max(arena, off + size)
     plan = MemoryPlan(tensors=tensors, offsets={t.name: offsets[t.name] for t in tensors},
                       alignment=alignment, arena_bytes=arena,
@@ -358,7 +374,8 @@ def memtensors_from_graph(graph, nbytes: Mapping[str, int]) -> list[MemTensor]:
 
     ``nbytes`` maps every activation name (graph inputs, node outputs) to its size in bytes on the
     device. Graph inputs are live from step -1 (written before the first node), graph outputs to
-    step ``len(graph.node)`` (read back after the last). Initializers are skipped.
+    step ``len(graph.node)`` (read back after the last). Initializers and ``Constant`` node outputs
+    are weights (ATC folds constants into the weight partition) and are skipped.
 
     >>> import onnx.helper as h
     >>> g = h.make_graph([h.make_node("Relu", ["x"], ["y"]), h.make_node("Relu", ["y"], ["z"])],
@@ -369,6 +386,8 @@ def memtensors_from_graph(graph, nbytes: Mapping[str, int]) -> list[MemTensor]:
     """
     weights = {init.name for init in graph.initializer}
     weights |= {init.values.name for init in graph.sparse_initializer}
+    # Constant nodes are weights too: ATC folds them into the weight partition.
+    weights |= {o for node in graph.node if node.op_type == "Constant" for o in node.output}
     first: dict[str, int] = {}
     last: dict[str, int] = {}
     for vi in graph.input:
@@ -380,7 +399,7 @@ def memtensors_from_graph(graph, nbytes: Mapping[str, int]) -> list[MemTensor]:
             if name in first:
                 last[name] = max(last[name], step)
         for name in node.output:
-            if name and name not in first:
+            if name and name not in first and name not in weights:
                 first[name] = step
                 last[name] = step
     end = len(graph.node)

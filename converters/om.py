@@ -233,6 +233,8 @@ class _Malformed(Exception):
 
 
 def _varint(buf: bytes, pos: int, end: int) -> tuple[int, int]:
+    if pos < end and buf[pos] < 0x80:  # the common one-byte case
+        return buf[pos], pos + 1
     result = 0
     shift = 0
     while True:
@@ -257,7 +259,11 @@ def _fields(buf: bytes, start: int, end: int) -> Iterator[tuple[int, int, Any]]:
     """Yield (field number, wire type, value); LEN values are (start, end) pairs inside ``buf``."""
     pos = start
     while pos < end:
-        key, pos = _varint(buf, pos, end)
+        key = buf[pos]
+        if key < 0x80:
+            pos += 1
+        else:
+            key, pos = _varint(buf, pos, end)
         num, wt = key >> 3, key & 7
         if num == 0:
             raise _Malformed("field number 0")
@@ -269,7 +275,11 @@ def _fields(buf: bytes, start: int, end: int) -> Iterator[tuple[int, int, Any]]:
             v = buf[pos:pos + 8]
             pos += 8
         elif wt == 2:
-            n, pos = _varint(buf, pos, end)
+            if pos < end and buf[pos] < 0x80:
+                n = buf[pos]
+                pos += 1
+            else:
+                n, pos = _varint(buf, pos, end)
             if n > end - pos:
                 raise _Malformed(f"field {num} declares {n} bytes but only {end - pos} are left")
             v = (pos, pos + n)
@@ -290,7 +300,7 @@ def _expect(num: int, wt: int, want: int, what: str) -> None:
 
 
 def _text(buf: bytes, span: tuple[int, int]) -> str:
-    return bytes(buf[span[0]:span[1]]).decode("utf-8", errors="replace")
+    return buf[span[0]:span[1]].decode("utf-8", errors="replace")
 
 
 def _ints(buf: bytes, num: int, wt: int, v: Any, out: list[int], what: str) -> None:
@@ -392,18 +402,32 @@ def _attr_def(buf: bytes, span: tuple[int, int]) -> Any:
     return value
 
 
-def _attr_entry(buf: bytes, span: tuple[int, int]) -> tuple[str, Any]:
-    """A ``map<string, AttrDef>`` entry: key (1), value (2)."""
+_SKIP = object()
+
+
+def _attr_entry(buf: bytes, span: tuple[int, int], wanted=None) -> tuple[str, Any]:
+    """A ``map<string, AttrDef>`` entry: key (1), value (2). The value is decoded only when
+    ``wanted(key)`` (all when ``wanted`` is None); otherwise ``_SKIP`` comes back."""
     key = ""
-    value: Any = None
+    value_span = None
     for num, wt, v in _fields(buf, *span):
         if num == 1:
             _expect(num, wt, 2, "attr map key")
             key = _text(buf, v)
         elif num == 2:
             _expect(num, wt, 2, "attr map value")
-            value = _attr_def(buf, v)
-    return key, value
+            value_span = v
+    if wanted is not None and not wanted(key):
+        return key, _SKIP
+    return key, (_attr_def(buf, value_span) if value_span is not None else None)
+
+
+_DESC_ATTRS = frozenset({"format", "origin_format", "origin_shape"})
+_OP_ATTRS = frozenset(_KEEP_OP_ATTRS) | {ENGINE_ATTR}
+
+
+def _op_attr_wanted(key: str) -> bool:
+    return key in _OP_ATTRS or key.startswith("_pred_value_")
 
 
 @dataclass
@@ -437,8 +461,9 @@ def _tensor_desc(buf: bytes, span: tuple[int, int]) -> _Desc:
             d.layout = _text(buf, v)
         elif num == 5:
             _expect(num, wt, 2, "TensorDescriptor.attr")
-            k, val = _attr_entry(buf, v)
-            d.attrs[k] = val
+            k, val = _attr_entry(buf, v, _DESC_ATTRS.__contains__)
+            if val is not _SKIP:
+                d.attrs[k] = val
         elif num == 10:
             _expect(num, wt, 0, "TensorDescriptor.size")
             d.size = _signed64(v)
@@ -469,8 +494,9 @@ def _op_def(buf: bytes, span: tuple[int, int]) -> _Op:
             op.inputs.append(_text(buf, v))
         elif num == 10:
             _expect(num, wt, 2, "OpDef.attr")
-            k, val = _attr_entry(buf, v)
-            op.attrs[k] = val
+            k, val = _attr_entry(buf, v, _op_attr_wanted)
+            if val is not _SKIP:
+                op.attrs[k] = val
         elif num == 33:
             _expect(num, wt, 2, "OpDef.input_desc")
             op.input_desc.append(_tensor_desc(buf, v))

@@ -191,6 +191,7 @@ def load_model(path: str | os.PathLike, *, input_shapes: Mapping[str, Sequence[i
         raise ModelError(f"{p}: not an ONNX model (no graph or IR version)",
                          hint="check the file is a complete .onnx export")
     _check_external(model, p)
+    _check_structure(model.graph, p)
     if check:
         try:
             onnx.checker.check_model(str(p), full_check=True)
@@ -232,10 +233,10 @@ def load_model(path: str | os.PathLike, *, input_shapes: Mapping[str, Sequence[i
     for i in graph_inputs:
         if any(d < 0 for d in fixed[i.name]) and not gears:
             shape, names = base[i.name]
-            example = ",".join(str(d) if d >= 0 else "1" for d in fixed[i.name])
+            example = ",".join(str(d) if d >= 0 else "?" for d in fixed[i.name])
             raise ModelError(f"input {i.name!r} of {p.name} has dynamic dimensions {_fmt(shape, names)}",
-                             hint=f"fix them with --input-shape \"{i.name}:{example}\" "
-                                  f"(or give gears with --dynamic-batch / --dynamic-dims)")
+                             hint=f"fix them with --input-shape \"{i.name}:{example}\" with each ? replaced "
+                                  f"by a size, or give gears with --dynamic-batch / --dynamic-dims")
 
     # The model as the bundle keeps it: user shapes applied, gear dims left symbolic.
     for i in graph_inputs:
@@ -270,9 +271,51 @@ def _name_nodes(graph: onnx.GraphProto) -> None:
 
 
 def _first_line(e: BaseException) -> str:
-    text = str(e).strip().splitlines()
-    line = next((t for t in text if t.strip()), type(e).__name__)
-    return line.strip()[:300]
+    """The error text as one line (checker messages span several lines), at most 300 characters."""
+    text = " ".join(t.strip() for t in str(e).strip().splitlines() if t.strip()) or type(e).__name__
+    return text[:300]
+
+
+def _check_structure(graph: onnx.GraphProto, p: Path) -> None:
+    """Dangling inputs and cycles, named (onnx.checker reports both as "not topologically sorted")."""
+    known = {i.name for i in graph.input} | {t.name for t in graph.initializer} | {""}
+    known |= {t.values.name for t in graph.sparse_initializer}
+    produced: dict[str, int] = {}
+    for k, n in enumerate(graph.node):
+        for o in n.output:
+            if o:
+                produced[o] = k
+    for k, n in enumerate(graph.node):
+        for i in n.input:
+            if i not in known and i not in produced:
+                name = n.name or f"{n.op_type} #{k}"
+                raise ModelError(f"{p.name}: node {name!r} reads {i!r}, which no node, graph input or "
+                                 f"initializer provides (dangling input)", hint="fix the export")
+    for o in graph.output:
+        if o.name not in known and o.name not in produced:
+            raise ModelError(f"{p.name}: graph output {o.name!r} is not produced by any node",
+                             hint="fix the export")
+    # Kahn's algorithm over node dependencies: what remains is on (or behind) a cycle.
+    deps = [{produced[i] for i in n.input if i in produced and i not in known} for n in graph.node]
+    users: dict[int, list[int]] = {}
+    for k, d in enumerate(deps):
+        for j in d:
+            users.setdefault(j, []).append(k)
+    count = [len(d) for d in deps]
+    ready = [k for k, c in enumerate(count) if c == 0]
+    done = 0
+    while ready:
+        k = ready.pop()
+        done += 1
+        for u in users.get(k, []):
+            count[u] -= 1
+            if count[u] == 0:
+                ready.append(u)
+    if done != len(graph.node):
+        stuck = [graph.node[k].name or f"{graph.node[k].op_type} #{k}" for k, c in enumerate(count) if c > 0]
+        raise ModelError(f"{p.name}: the graph has a cycle through node(s) {', '.join(stuck[:5])}"
+                         + (f" and {len(stuck) - 5} more" if len(stuck) > 5 else ""),
+                         hint="fix the export: an ONNX graph must be acyclic")
 
 
 def _opset(model: onnx.ModelProto) -> int:
@@ -387,7 +430,7 @@ def _concrete(vi: onnx.ValueInfoProto) -> Shape | None:
         return None
     dims = []
     for d in tt.shape.dim:
-        if not d.HasField("dim_value"):
+        if not d.HasField("dim_value") or d.dim_value < 0:
             return None
         dims.append(int(d.dim_value))
     return tuple(dims)

@@ -278,6 +278,8 @@ class PlanState:
                     self.consumers.setdefault(i, []).append((k, j))
         self.keep_dtype = self._resolve_keep(keep_dtype)
         self.explanations: dict[tuple[str, str], str] = {}
+        self.by_name: dict[str, _Node] = {n.node.name: n for n in self.nodes}
+        self._bytes_cache: dict[tuple[str, str], int] = {}
 
     def _resolve_keep(self, keep: Sequence[str]) -> set[int]:
         out: set[int] = set()
@@ -359,6 +361,14 @@ class PlanState:
         return count, nbytes
 
     def storage_bytes(self, t: str, fmt: str) -> int:
+        """Bytes of ``t`` stored in ``fmt`` with its device dtype (dtypes are fixed before any pass)."""
+        key = (t, ND if is_plain(fmt) else fmt)
+        got = self._bytes_cache.get(key)
+        if got is None:
+            got = self._bytes_cache[key] = self._storage_bytes(t, fmt)
+        return got
+
+    def _storage_bytes(self, t: str, fmt: str) -> int:
         from npu_deploy.converters import formats
 
         shape = self.shapes.get(t)
@@ -671,8 +681,8 @@ class CancelRoundTrips(Pass):
                             break
                         n.fmt, n.why = old_fmt, old_why
                         state.explanations[(n.node.name, f)] = (
-                            f"running {n.node.op_type} {n.node.name} in {f} would need {after[0]} "
-                            f"conversions instead of {before[0]}")
+                            f"moving {n.node.op_type} {n.node.name} to {f} would not remove a conversion "
+                            f"({before[0]} now, {after[0]} after)")
             changed_any |= changed
             if not changed:
                 break
@@ -714,7 +724,7 @@ def insert_transdata(state: PlanState, *, shared: bool = True, naive: bool = Fal
 
 
 def _reason(state: PlanState, td: TransData, prod: _Node | None, consumers, src: str, dst: str) -> str:
-    by_name = {n.node.name: n for n in state.nodes}
+    by_name = state.by_name
     parts = []
     if prod is None:
         parts.append(f"graph input {td.tensor} arrives in the user's format {td.src_format}")

@@ -59,10 +59,12 @@ _DYNAMIC_AICORE = {"float", "float16", "bfloat16", "int32", "int8", "uint8", "bo
 # PartitionedCall subgraphs: the CANN op that does the work (the others reshape, cast or scale).
 _HELPER_SUBOPS = {"Cast", "Shape", "Squeeze", "Unsqueeze", "ExpandDims", "Muls", "Adds", "Add", "Mul",
                   "Concat", "Split", "Slice", "Reshape", "TransposeD", "PadV2", "BroadcastTo", "ZerosLike",
-                  "Empty", "Mod", "Sub", "StridedSlice", "Div", "Log", "Power", "Abs", "Rsqrt", "Transpose"}
+                  "Empty", "Mod", "Sub", "StridedSlice", "Div", "Log", "Power", "Abs", "Rsqrt", "Transpose",
+                  "Const", "Identity"}
 _PRIMARY = {"Gemm": "MatMulV2", "Conv": "Conv2D", "ConvTranspose": "Conv2DTranspose", "MaxPool": "MaxPoolV3",
             "AveragePool": "AvgPoolV2", "LayerNormalization": "LayerNorm", "Resize": "Resize",
-            "LpPool": "AvgPoolV2", "Split": "SplitV", "Max": "Maximum", "Min": "Minimum", "Clip": "ClipByValue"}
+            "LpPool": "AvgPoolV2", "Split": "SplitV", "Max": "Maximum", "Min": "Minimum", "Clip": "ClipByValue",
+            "MaxUnpool": "ScatterElements", "Mean": "AccumulateNV2"}
 
 # CANN ops without AI Core op-info that a GE fusion pass rewrites to an AI Core op (reference §5.3).
 # Value: (AI Core op, input positions that must be constant for the rewrite; () = always).

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import heapq
+import operator
 import os
 from collections import Counter
 from dataclasses import dataclass, field
@@ -139,6 +140,13 @@ class Instance:
     stream: str | None = None
     file: str | None = None
     line: int | None = None
+
+    @property
+    def logical_shape(self) -> str | None:
+        """The shape on the public-format side (the output's when the input is a private format)."""
+        from npu_deploy.profiling.parse import is_private_format
+
+        return self.out_shape if is_private_format(self.src_format) else self.shape
 
 
 @dataclass
@@ -316,9 +324,11 @@ class ProfileReport(Result):
 # The streaming accumulator
 
 class _Stream:
-    __slots__ = ("total", "prev", "waiting", "pending", "cube_seq", "last_cube", "device", "fmt", "layout")
+    __slots__ = ("total", "prev", "waiting", "pending", "cube_seq", "last_cube", "device", "fmt", "layout",
+                 "sid")
 
-    def __init__(self, device):
+    def __init__(self, device, sid=None):
+        self.sid = sid
         self.total = 0.0
         self.fmt = 0.0
         self.layout = 0.0
@@ -407,7 +417,8 @@ class Analyzer:
                 flags |= FL_DTYPE
             if core_c in AI_CPU_CORES:
                 flags |= FL_AICPU
-        slot = [0, 0.0, _role(op_c), flags, op_c or "(unknown)", core_c or "(unknown)", by_name]
+        # [count, total_us, role, flags, op_type, core, by_name, raw core, parse cache]
+        slot = [0, 0.0, _role(op_c), flags, op_c or "(unknown)", core_c or "(unknown)", by_name, core, None]
         if not by_name:
             self.slots[(op, core)] = slot
             return slot
@@ -417,47 +428,53 @@ class Analyzer:
         """Consume one op-table stream (CSV, DB or timeline)."""
         if not stream.has_formats:
             self.has_formats = False
+        (i_name, i_type, i_core, i_dur, i_dev, i_stream, *_rest) = stream.indices
+        cells = operator.itemgetter(*stream.indices[P.F_IN_FMT:P.F_OUT_DTYPE + 1])
+        by_op: dict = {}                 # raw op type -> slot of the core last seen with it
         slots = self.slots
         streams = self.streams
         detail = self._detail
         skip = stream.skip
-        name_slot = self._slot
+        new_slot = self._slot
         missing = P.MISSING
         last_dev = last_sid = object()
         st = None
-        for rec in stream:
+        const_dev = stream.default_device
+        for row in stream:
             try:
-                d = float(rec[3])
+                d = float(row[i_dur])
             except (TypeError, ValueError):
                 skip("duration missing or not a number", stream.line)
                 continue
             if not (0.0 <= d < 1e12):
                 skip("duration negative, infinite or out of range", stream.line)
                 continue
-            op = rec[1]
-            slot = slots.get((op, rec[2]))
-            if slot is None:
+            op = row[i_type]
+            core = row[i_core]
+            slot = by_op.get(op)
+            if slot is None or slot[7] != core:
                 if op is None or op.strip() in missing:
-                    slot = name_slot(None, rec[2], rec[0])
+                    slot = new_slot(None, core, row[i_name])
                     self.classified_by_name += 1
                 else:
-                    slot = name_slot(op, rec[2], rec[0])
+                    slot = slots.get((op, core)) or new_slot(op, core, row[i_name])
+                    by_op[op] = slot
             slot[0] += 1
             slot[1] += d
             flags = slot[3]
             if flags & FL_COMM:
                 continue
-            name = rec[0] or ""
+            name = row[i_name] or ""
             if "rans" in name or "ast" in name:
                 low = name.lower()
                 if "cast" in low or "transdata" in low or "transpose" in low:
                     self.name_trans_us += d
-            dev = rec[4]
-            sid = rec[5]
+            dev = row[i_dev] if const_dev is None else const_dev
+            sid = row[i_stream]
             if sid != last_sid or dev != last_dev:
                 st = streams.get((dev, sid))
                 if st is None:
-                    st = streams[(dev, sid)] = _Stream(dev)
+                    st = streams[(dev, sid)] = _Stream(dev, sid)
                 last_dev = dev
                 last_sid = sid
             st.total += d
@@ -466,7 +483,7 @@ class Analyzer:
                 w[E_NEXT] = name
                 st.waiting = None
             if flags:
-                detail(rec, d, slot, st, stream)
+                detail(row, cells, name, d, slot, st, stream)
             role = slot[2]
             if role == R_BREAK:
                 if st.pending:
@@ -535,7 +552,7 @@ class Analyzer:
         rt = category == "format" and bool(src_f) and bool(dst_f) and logical is not None
         return (k, src_f, dst_f, shape, oshape, dtype, out_dtype, logical, rt)
 
-    def _detail(self, rec, d, slot, st: _Stream, stream) -> None:
+    def _detail(self, row, cells_of, name, d, slot, st: _Stream, stream) -> None:
         flags = slot[3]
         if flags & FL_AICPU:
             a = self.ai_cpu.get(slot[4])
@@ -543,7 +560,8 @@ class Analyzer:
                 a = self.ai_cpu[slot[4]] = [0, 0.0, Counter(), set()]
             a[0] += 1
             a[1] += d
-            dk = (rec[P.F_IN_DTYPE], rec[P.F_OUT_DTYPE])
+            c6 = cells_of(row)
+            dk = (c6[4], c6[5])
             if dk not in a[3] and len(a[3]) < 64:
                 a[3].add(dk)
                 for t in P.split_list(dk[0]) + P.split_list(dk[1]):
@@ -551,11 +569,10 @@ class Analyzer:
                         a[2][t] += 1
         if not flags & (FL_FORMAT | FL_LAYOUT | FL_DTYPE):
             return
-        cells = rec[6:12]
-        cache = slot[7] if len(slot) > 7 else None
+        cells = cells_of(row)
+        cache = slot[8]
         if cache is None:
-            cache = {}
-            slot.append(cache)
+            cache = slot[8] = {}
         q = cache.get(cells)
         if q is None:
             q = self._parse_cells(slot, cells)
@@ -580,7 +597,7 @@ class Analyzer:
             st.fmt += d
         elif flags & FL_LAYOUT:
             st.layout += d
-        entry = [rec[0] or "?", d, q, st.prev, None, rec[4], rec[5], stream.path, stream.line, slot[4]]
+        entry = [name or "?", d, q, st.prev, None, st.device, st.sid, stream.path, stream.line, slot[4]]
         st.waiting = entry
         top = k.top
         self.seq += 1
@@ -749,8 +766,8 @@ def suggest(r: ProfileReport) -> list[Suggestion]:
         ex = five[0]
         out.append(Suggestion(
             "keep-5hd-between-convs", "Keep NC1HWC0 between convolutions",
-            "An op between two convolutions forces the data back to NCHW and into NC1HWC0 again: replace "
-            "or fuse that op with one that supports NC1HWC0 (5HD), or move it out of the conv chain.",
+            "Data leaves NC1HWC0 after a convolution and is converted back before the next one: let the "
+            "ops between run in NC1HWC0 (5HD) — elementwise ops can — or fuse them into the convolution.",
             f"{n} NCHW↔NC1HWC0 round trip(s), {_fmt_us(saved)}; e.g. shape [{ex.shape}] between "
             f"{', '.join(ex.between[:3])}: {' … '.join(ex.examples[0]) if ex.examples else ''}"))
     inputs = []
@@ -792,7 +809,7 @@ def suggest(r: ProfileReport) -> list[Suggestion]:
             f"{len(ncl)} conversion(s) of 3-D tensors next to convolutions; e.g. {ex.name} "
             f"{ex.src_format}→{ex.dst_format} shape [{ex.shape}] between {ex.prev_op} and {ex.next_op}"))
     wide = [a for a in r.ai_cpu_ops if a.wide_dtypes]
-    if wide:
+    if wide and _pct(sum(a.total_us for a in wide), r.compute_us) >= 1.0:
         us = sum(a.total_us for a in wide)
         out.append(Suggestion(
             "int64-to-int32", "Cast int64/float64 to int32/float32 for ops that fall back to AI CPU",

@@ -1,8 +1,9 @@
 """Streaming readers for profiler tables: op_summary / kernel_details CSV, op_statistic CSV, the msprof /
 torch_npu SQLite export, and Chrome-trace timelines.
 
-Every reader yields **raw records**: tuples in the fixed field order of :data:`FIELDS`, with the cells as
-the file holds them (strings; ``None`` when the column does not exist). Cleaning (``N/A`` → missing, quotes
+Every reader yields **raw records** (sequences of cells as the file holds them: strings, or ``None``) and
+says in ``stream.indices`` where each field of :data:`FIELDS` sits in a record (CSV records are the rows
+themselves, so no per-row copy is made; an absent column reads an empty cell). Cleaning (``N/A`` → missing, quotes
 around shapes, ``FORMAT_`` prefixes, ``:N`` sub-formats) is done by the helpers below, and only on the rows
 that need it, so a million-row file streams at close to the speed of the ``csv`` module itself.
 
@@ -13,7 +14,8 @@ per reason with their first line numbers in :attr:`TableStream.skipped`; never s
 >>> p = os.path.join(tempfile.mkdtemp(), "op_summary_0_1.csv")
 >>> _ = open(p, "w").write('Op Name,OP Type,Task Type,Task Duration(us)\\nt,TransData,AI_CORE,1.5\\n')
 >>> s = open_table(p)
->>> [(r[F_NAME], r[F_TYPE], r[F_DUR]) for r in s]
+>>> i = s.indices
+>>> [(r[i[F_NAME]], r[i[F_TYPE]], r[i[F_DUR]]) for r in s]
 [('t', 'TransData', '1.5')]
 """
 
@@ -21,7 +23,6 @@ from __future__ import annotations
 
 import csv
 import json
-import operator
 import os
 import re
 import sqlite3
@@ -200,7 +201,7 @@ _CANONICAL_TYPES = {t.lower(): t for t in (
 )}
 _TRANS_NODE = re.compile(r"^trans_([A-Za-z][A-Za-z0-9]*?)_\d+")
 _HCOM = re.compile(r"^(hcom_[A-Za-z]+_?)")
-_TRAILING_NUM = re.compile(r"[-_]?\d+$")
+_TRAILING_NUM = re.compile(r"(-op)?[-_]?\d+$")
 _name_cache: dict[str, str | None] = {}
 
 
@@ -289,6 +290,10 @@ class TableStream:
         self.notes: list[str] = []
         self.has_op_type = True
         self.has_formats = True
+        #: position of each field of FIELDS in a yielded record
+        self.indices: tuple[int, ...] = tuple(range(len(FIELDS)))
+        #: the device of every record when the table has no device column but its location says it
+        self.default_device: str | None = None
 
     @property
     def line(self) -> int | None:  # pragma: no cover - overridden
@@ -374,9 +379,13 @@ class CsvOpStream(TableStream):
         self.ncols = len(header)
         self.has_op_type = "op_type" in self.cols
         self.has_formats = "in_fmt" in self.cols and "out_fmt" in self.cols
-        # A missing column reads as the extra empty cell appended to every row (index ncols).
-        idx = [self.cols.get(k, self.ncols) for k in FIELDS]
-        self._get = operator.itemgetter(*idx)
+        # A missing column reads as an extra empty cell appended to each row (index ncols).
+        self.indices = tuple(self.cols.get(k, self.ncols) for k in FIELDS)
+        self._pad = any(k not in self.cols for k in FIELDS)
+        if "device" not in self.cols:
+            # per-device files (device_N/summary/) carry no Device_id column: take it from the folder
+            m = re.search(r"(?:^|/)device_(\d+)(?:/|$)", Path(self.path).parent.parent.as_posix() + "/")
+            self.default_device = m.group(1) if m else None
         if "start" in self.cols:
             h = header[self.cols["start"]].strip()
             self.time_unit = "us" if "us" in h else "unknown"
@@ -387,7 +396,7 @@ class CsvOpStream(TableStream):
 
     def __iter__(self) -> Iterator[tuple]:
         ncols = self.ncols
-        get = self._get
+        pad = self._pad
         skip = self.skip
         with _open_text(self.path) as f:
             reader = self._reader = csv.reader(f)
@@ -399,8 +408,9 @@ class CsvOpStream(TableStream):
                 try:
                     for row in reader:
                         if len(row) == ncols:
-                            row.append("")  # the cell read for absent columns
-                            yield get(row)
+                            if pad:
+                                row.append("")
+                            yield row
                         elif row:
                             skip(f"{len(row)} fields, header has {ncols}", reader.line_num)
                     break

@@ -107,7 +107,7 @@ def render_text(r: ProfileReport, *, top: int = 10, width: int = 100) -> str:
             where = f"after {_clip(i.prev_op, 30) or '(start)'}, before {_clip(i.next_op, 30) or '(end)'}"
             fmts = f"{i.src_format or '?'}→{i.dst_format or '?'}"
             lines.append(f"  {fmt_us(i.duration_us):>9}  {_clip(i.name, 36):<36} {_clip(fmts, 24):<24} "
-                         f"[{_clip(i.shape or '?', 24)}]  {where}")
+                         f"[{_clip(i.logical_shape or '?', 24)}]  {where}")
     if casts:
         lines.append("")
         lines.append("Casts (dtype conversions, not FormatTrans)")
@@ -230,7 +230,7 @@ def render_html(r: ProfileReport, *, top: int = 15) -> str:
     w("</div>")
     # conversion kinds
     conv = [k for k in r.conversions if k.category in ("format", "layout")]
-    w("<h2>Conversion kinds</h2>")
+    w("<h2 id='conversions'>Conversion kinds</h2>")
     if r.detail != "per-task":
         w("<p class='muted'>Only per-op-type totals (op_statistic) were available: no kinds or shapes.</p>")
     elif not conv:
@@ -253,12 +253,12 @@ def render_html(r: ProfileReport, *, top: int = 15) -> str:
             dev = f"device {i.device}, " if i.device else ""
             stream = f"stream {i.stream}" if i.stream else ""
             w(f"<tr><td class='num'>{_e(fmt_us(i.duration_us))}</td><td><code>{_e(i.name)}</code></td>"
-              f"<td>{_e(i.src_format or '?')}→{_e(i.dst_format or '?')}</td><td><code>{_e(i.shape)}</code></td>"
+              f"<td>{_e(i.src_format or '?')}→{_e(i.dst_format or '?')}</td><td><code>{_e(i.logical_shape)}</code></td>"
               f"<td><code>{_e(i.prev_op or '(start)')}</code></td><td><code>{_e(i.next_op or '(end)')}</code></td>"
               f"<td class='small muted'>{_e(dev + stream)}<br>{_e(where)}</td></tr>")
         w("</table>")
     # round trips
-    w("<h2>Round trips</h2>")
+    w("<h2 id='round-trips'>Round trips</h2>")
     if not r.round_trips:
         w("<p class='muted'>No conversion is undone later on the same shape.</p>")
     else:
@@ -271,7 +271,7 @@ def render_html(r: ProfileReport, *, top: int = 15) -> str:
               f"<td><code>{_e(ex)}</code></td></tr>")
         w("</table>")
     # suggestions
-    w("<h2>Suggestions</h2>")
+    w("<h2 id='suggestions'>Suggestions</h2>")
     if not r.suggestions:
         w("<p class='muted'>Nothing to change on this evidence.</p>")
     for s in r.suggestions:

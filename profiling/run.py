@@ -118,13 +118,11 @@ def profile_on_emulator(model: str | os.PathLike, output_dir: str | os.PathLike,
 
             tmpdir = tempfile.mkdtemp(prefix=".npu-deploy-profile-", dir=out)
             bundle = Path(tmpdir) / (model.stem + ".bundle")
-            kwargs = dict(convert_options or {})
+            kwargs = {"backend": "builtin", **dict(convert_options or {})}
             if input_shapes and "input_shapes" not in kwargs:
                 kwargs["input_shapes"] = {k: tuple(v) for k, v in input_shapes.items()}
-            npu_deploy.convert(model, output=bundle, **kwargs)
-            produced = [p for p in Path(tmpdir).iterdir() if p.is_file()]
-            if not bundle.exists() and produced:
-                bundle = produced[0]
+            result = npu_deploy.convert(model, output=bundle, **kwargs)
+            bundle = Path(getattr(result, "output", None) or bundle)
         sess = InferenceSession(bundle, backend="emulator", profile=True, profile_dir=out)
         try:
             gears = sess.gears() if hasattr(sess, "gears") else []
@@ -180,11 +178,11 @@ def profile_model(model: str | os.PathLike, output_dir: str | os.PathLike, *,
 
                 Path(output_dir).mkdir(parents=True, exist_ok=True)
                 tmpdir = tempfile.mkdtemp(prefix=".npu-deploy-profile-", dir=output_dir)
-                npu_deploy.convert(model, output=Path(tmpdir) / model.stem)
-                produced = sorted(p for p in Path(tmpdir).iterdir() if p.is_file() and p.suffix != ".log")
-                if not produced:
+                shapes = {k: tuple(v) for k, v in input_shapes.items()} if input_shapes else None
+                result = npu_deploy.convert(model, output=Path(tmpdir) / model.stem, input_shapes=shapes)
+                model = Path(result.output)
+                if not model.is_file():
                     raise ModelError(f"{model}: conversion produced no model file")
-                model = produced[0]
             return profile_with_msprof(model, output_dir, msprof=msprof, run_args=args,
                                        msprof_args=msprof_args, timeout=timeout, threshold=threshold,
                                        include_transpose=include_transpose)

@@ -17,8 +17,11 @@ What it does, in order (:meth:`AclBackend.activate`):
    reused by every run.
 4. :meth:`run` (validation by the base class, then): each host array is laid out in the model's device
    format (``formats.pack``, e.g. NCHW → NC1HWC0 with C0 read from the model's dims), copied H2D, the
-   dynamic batch set (``set_dynamic_batch_size`` at the ``ascend_mbatch_shape_data`` index), the model
-   executed, each requested output copied D2H with its current dims and unpacked to the host format.
+   gear set at the ``ascend_mbatch_shape_data`` index, the model executed, each requested output
+   copied D2H with its current dims and unpacked to the host format.
+   Gear models: the base class picks the gear from the feeds; it is set with
+   ``set_dynamic_batch_size`` / ``set_dynamic_hw_size`` / ``set_input_dynamic_dims`` (§3.6). Shape-range
+   (unknown-shape) models are refused at load.
 
 Every non-zero return code raises :class:`~npu_deploy.errors.AclError` naming the call, the code and
 its meaning (:mod:`npu_deploy.runtime.acl_codes`). Resources are released in the documented order —
@@ -26,7 +29,8 @@ buffers, datasets, model, desc, stream, then (last user of the device) context a
 interpreter exit ``acl.finalize`` — on :meth:`deactivate`, when activation fails half-way, and at exit.
 
 acllite: with ``api="auto"`` the backend uses ``acllite_model.AclLiteModel`` for loading and executing
-when the acllite folder is importable (flat modules on ``PYTHONPATH``), else pyACL directly. Device
+when the acllite folder is importable (flat modules on ``PYTHONPATH``) and the model is static or
+dynamic-batch (acllite has no API for the other gears), else pyACL directly. Device
 initialisation always goes through :mod:`~npu_deploy.runtime.device` (acllite's ``AclLiteResource``
 would call ``acl.init`` a second time and tear down at garbage collection); input buffers are ours,
 passed to acllite as ``{"data": ptr, "size": n}`` so they are freed (acllite leaks its own).
@@ -61,6 +65,8 @@ MBATCH_NAME = "ascend_mbatch_shape_data"
 ACL_MEM_MALLOC_HUGE_FIRST = 0
 ACL_MEMCPY_HOST_TO_DEVICE = 1
 ACL_MEMCPY_DEVICE_TO_HOST = 2
+ACL_MEMCPY_DEVICE_TO_DEVICE = 3
+ACL_DEVICE = 0      # aclrtRunMode: the app runs on the device's own CPU (e.g. Atlas 200 DK)
 APIS = ("auto", "pyacl", "acllite")
 
 
@@ -142,6 +148,7 @@ class AclBackend(Backend):
         self._mbatch: _Tensor | None = None
         self._dynamic: str | None = None
         self._lite: Any = None
+        self._h2d, self._d2h = ACL_MEMCPY_HOST_TO_DEVICE, ACL_MEMCPY_DEVICE_TO_HOST
 
     def __repr__(self) -> str:
         return f"AclBackend({str(self.path)!r}, device_id={self.device_id})"
@@ -191,7 +198,8 @@ class AclBackend(Backend):
 
     def _check_soc(self, acl: Any) -> None:
         want = self.preflight.soc_version
-        have = acl.get_soc_name()
+        get = getattr(acl, "get_soc_name", None)       # absent from very old pyACL: then no check
+        have = get() if get is not None else None
         self.soc_name = have
         if want and have and want.lower() != have.lower():
             raise OmError(f"{self.path} was built for {want} but device {self.device_id} is {have}",
@@ -199,6 +207,7 @@ class AclBackend(Backend):
 
     # ------------------------------------------------------------------ life cycle
     def _activate(self) -> None:
+        self._inputs, self._outputs, self._mbatch = [], [], None
         self._preflight()
         acl = device.load_acl()
         self._acl = acl
@@ -210,7 +219,17 @@ class AclBackend(Backend):
         stream, ret = acl.rt.create_stream()
         check("acl.rt.create_stream", ret)
         self._stream = stream
-        lite = self._acllite_module() if self.api in ("auto", "acllite") else None
+        run_mode, ret = acl.rt.get_run_mode()
+        check("acl.rt.get_run_mode", ret)
+        # in ACL_DEVICE run mode the app's own memory is device memory: copies are device to device
+        self._h2d, self._d2h = ((ACL_MEMCPY_DEVICE_TO_DEVICE, ACL_MEMCPY_DEVICE_TO_DEVICE) if run_mode == ACL_DEVICE
+                                else (ACL_MEMCPY_HOST_TO_DEVICE, ACL_MEMCPY_DEVICE_TO_HOST))
+        lite = None
+        if self.api == "acllite" and self.preflight.dynamic_mode not in (None, "batch"):
+            raise InputError(f"{self.path}: acllite has no API for dynamic {self.preflight.dynamic_mode} models",
+                             hint="use api='pyacl' (or 'auto')")
+        if self.api in ("auto", "acllite") and self.preflight.dynamic_mode in (None, "batch"):
+            lite = self._acllite_module()
         if lite is not None:
             self._load_acllite(lite)
         else:
@@ -322,6 +341,7 @@ class AclBackend(Backend):
                 acl.mdl.get_output_format(desc, j), acl.mdl.get_output_size_by_index(desc, j),
                 origin.get(name), is_input=False))
         self._setup_dynamic()
+        self._check_sizes()
         # output buffers: allocated once, reused by every run
         self._out_ds = self._new_dataset()
         for t in self._outputs:
@@ -357,6 +377,7 @@ class AclBackend(Backend):
                 self._inputs.append(tensor)
         self._outputs = [from_om(t, k, False) for k, t in enumerate(pf.outputs)]
         self._setup_dynamic()
+        self._check_sizes()
 
     # ------------------------------------------------------------------ description
     def _describe(self, name: str, index: int, dims: tuple[int, ...], acl_dtype: int, acl_format: int | None,
@@ -398,12 +419,15 @@ class AclBackend(Backend):
                     shape = derived
         t = _Tensor(TensorMeta(name, shape, dtype, format=host_format, device_format=fmt,
                                device_shape=dims, nbytes=size), index, dims, size, dtype, pack_format, c0)
-        if name != MBATCH_NAME:
-            self._check_size(t, what, "input" if is_input else "output")
         return t
 
     def _device_nbytes(self, t: _Tensor, dims: Sequence[int]) -> int:
         return math.prod(dims) * t.dtype.itemsize
+
+    def _check_sizes(self) -> None:
+        for kind, tensors in (("input", self._inputs), ("output", self._outputs)):
+            for t in tensors:
+                self._check_size(t, f"{self.path}: {kind} {t.meta.name!r}", kind)
 
     def _check_size(self, t: _Tensor, what: str, kind: str) -> None:
         gear_max = self._max_dims(t)
@@ -415,13 +439,36 @@ class AclBackend(Backend):
                 f"{t.meta.device_format} {_fmt_shape(gear_max)} {t.dtype.name} needs {need} bytes",
                 hint="the .om description is inconsistent; rebuild it with ATC")
 
+    def _device_dims(self, t: _Tensor, logical: Sequence[int]) -> tuple[int, ...]:
+        """Device dims of ``t`` for a concrete logical shape."""
+        if t.pack_format is None:
+            return tuple(logical)
+        from npu_deploy.converters import formats
+
+        return formats.storage_shape(t.pack_format, logical, t.dtype, c0=t.c0, origin=t.meta.format)
+
     def _max_dims(self, t: _Tensor) -> tuple[int, ...]:
-        pf = self.preflight
+        """Device dims at the largest gear (what the device buffer must hold)."""
+        if t.meta.gears:
+            return max((self._device_dims(t, g) for g in t.meta.gears), key=math.prod)
         if any(d < 0 for d in t.device_dims):
+            pf = self.preflight
             if pf.dynamic_mode == "batch" and pf.batch_gears and t.device_dims[0] < 0:
                 return (max(pf.batch_gears), *[max(d, 1) for d in t.device_dims[1:]])
             return tuple(max(d, 1) for d in t.device_dims)
         return t.device_dims
+
+    def _current_logical(self, t: _Tensor, dims: Sequence[int]) -> tuple[int, ...]:
+        """The logical (host) shape of an output whose device dims are ``dims``."""
+        shape = t.meta.shape
+        if not any(d < 0 for d in shape):
+            return shape
+        if t.pack_format is None:
+            return tuple(dims)
+        if t.pack_format in ("NC1HWC0", "NC1HWC0_C04") and len(dims) == 5:
+            where = {"N": 0, "H": 2, "W": 3}
+            return tuple(dims[where[a]] if d < 0 and a in where else d for a, d in zip(t.meta.format, shape))
+        return tuple(dims[k] if d < 0 else d for k, d in enumerate(shape))   # leading batch axes
 
     def _setup_dynamic(self) -> None:
         pf = self.preflight
@@ -429,21 +476,57 @@ class AclBackend(Backend):
         self._dynamic = mode
         if mode is None:
             return
-        if mode != "batch":
-            raise OmError(f"{self.path}: dynamic mode {mode!r} is not supported by the ACL backend yet "
-                          f"(dynamic batch is)", hint="rebuild with atc --dynamic_batch_size")
+        if mode not in ("batch", "hw", "dims"):
+            raise OmError(f"{self.path}: dynamic mode {mode!r} is not supported by the ACL backend",
+                          hint="rebuild with atc --dynamic_batch_size, --dynamic_image_size or --dynamic_dims")
         if self._mbatch is None:
-            raise OmError(f"{self.path}: a dynamic-batch model without the {MBATCH_NAME} input",
+            raise OmError(f"{self.path}: a dynamic ({mode}) model without the {MBATCH_NAME} input",
                           hint="rebuild the model with ATC")
-        gears = list(pf.batch_gears)
+        if mode == "batch":
+            values = [[b] for b in pf.batch_gears]
+        elif mode == "hw":
+            values = [list(g) for g in pf.hw_gears]
+        else:
+            values = [list(g) for g in pf.dims_gears]
+        if not values:
+            raise OmError(f"{self.path}: a dynamic ({mode}) model whose gear list was not found",
+                          hint="rebuild the model with ATC")
+        per_input: dict[str, list[tuple[int, ...]]] = {}
+        for g in values:
+            pos = 0
+            for t in self._inputs:
+                if not any(d < 0 for d in t.meta.shape):
+                    continue
+                dims, k = [], 0
+                for d in t.meta.shape:
+                    if d >= 0:
+                        dims.append(d)
+                    elif mode == "batch":
+                        dims.append(g[0])
+                    elif mode == "hw":
+                        dims.append(g[min(k, 1)])
+                        k += 1
+                    else:
+                        if pos >= len(g):
+                            raise OmError(f"{self.path}: dims gear {g} has fewer values than the inputs' "
+                                          f"dynamic dimensions", hint="rebuild the model with ATC")
+                        dims.append(g[pos])
+                        pos += 1
+                per_input.setdefault(t.meta.name, []).append(tuple(dims))
         for t in self._inputs:
-            if t.meta.shape and t.meta.shape[0] < 0:
-                rest = t.meta.shape[1:]
-                t.meta = dataclasses.replace(t.meta, gears=tuple((b, *rest) for b in gears))
-        # get_output_dims reports the largest gear; an output whose axis 0 is that batch follows the batch
+            if t.meta.name in per_input:
+                t.meta = dataclasses.replace(t.meta, gears=tuple(per_input[t.meta.name]))
+        om_out = {o.name: o for o in pf.outputs}
         for t in self._outputs:
-            if t.meta.shape and t.device_dims and t.device_dims[0] in (-1, max(gears)):
-                t.meta = dataclasses.replace(t.meta, shape=(-1, *t.meta.shape[1:]))
+            if mode == "batch":
+                # get_output_dims reports the largest gear; an output whose axis 0 is that batch follows it
+                if t.meta.shape and t.device_dims and t.device_dims[0] in (-1, max(pf.batch_gears)):
+                    t.meta = dataclasses.replace(t.meta, shape=(-1, *t.meta.shape[1:]))
+                continue
+            o = om_out.get(t.meta.name)
+            recorded = (o.origin_shape if t.pack_format is not None else o.shape) if o is not None else None
+            if recorded and len(recorded) == len(t.meta.shape) and any(d < 0 for d in recorded):
+                t.meta = dataclasses.replace(t.meta, shape=tuple(recorded))
 
     # ------------------------------------------------------------------ buffers
     def _new_dataset(self) -> int:
@@ -484,6 +567,7 @@ class AclBackend(Backend):
         acl = self._acl
         from npu_deploy.converters import formats
 
+        device.use(self.device_id)
         keep: list[np.ndarray] = []
         with self._phase("h2d"):
             for t in self._inputs:
@@ -502,16 +586,13 @@ class AclBackend(Backend):
                 keep.append(dev)
                 if dev.nbytes:
                     check("acl.rt.memcpy", acl.rt.memcpy(t.ptr, t.size, dev.__array_interface__["data"][0],
-                                                         dev.nbytes, ACL_MEMCPY_HOST_TO_DEVICE),
+                                                         dev.nbytes, self._h2d),
                           context=f"H2D input {t.meta.name!r}")
         with self._phase("compute"):
             batch = gear.batch if gear is not None and self._dynamic == "batch" else None
             if self.api_used == "pyacl":
-                if batch is not None:
-                    assert self._mbatch is not None
-                    check("acl.mdl.set_dynamic_batch_size",
-                          acl.mdl.set_dynamic_batch_size(self._model_id, self._in_ds, self._mbatch.index, batch),
-                          context=f"batch {batch}")
+                if gear is not None:
+                    self._set_gear(gear)
                 check("acl.mdl.execute", acl.mdl.execute(self._model_id, self._in_ds, self._out_ds),
                       context=str(self.path))
                 lite_out = None
@@ -525,6 +606,28 @@ class AclBackend(Backend):
                 t = by_name[name]
                 results.append(self._fetch(t, batch, lite_out))
         return results
+
+    def _set_gear(self, gear: Gear) -> None:
+        acl, mb = self._acl, self._mbatch
+        assert mb is not None
+        if self._dynamic == "batch":
+            check("acl.mdl.set_dynamic_batch_size",
+                  acl.mdl.set_dynamic_batch_size(self._model_id, self._in_ds, mb.index, gear.batch),
+                  context=f"batch {gear.batch}")
+        elif self._dynamic == "hw":
+            t = next(t for t in self._inputs if t.meta.name in gear.shapes)
+            h, w = [v for v, d in zip(gear.shapes[t.meta.name], t.meta.shape) if d < 0][:2]
+            check("acl.mdl.set_dynamic_hw_size",
+                  acl.mdl.set_dynamic_hw_size(self._model_id, self._in_ds, mb.index, h, w),
+                  context=f"h={h}, w={w}")
+        elif self._dynamic == "dims":
+            # every real input's dims, concatenated in model input order (reference §3.6)
+            flat = [int(d) for t in sorted(self._inputs, key=lambda t: t.index)
+                    for d in gear.shapes.get(t.meta.name, t.meta.shape)]
+            check("acl.mdl.set_input_dynamic_dims",
+                  acl.mdl.set_input_dynamic_dims(self._model_id, self._in_ds, mb.index,
+                                                 {"dimCount": len(flat), "name": "", "dims": flat}),
+                  context=f"dims {flat}")
 
     def _execute_acllite(self, batch: int | None) -> list[np.ndarray]:
         items = [{"data": t.ptr, "size": t.size} for t in self._inputs]
@@ -569,9 +672,8 @@ class AclBackend(Backend):
             host = np.empty(dims, dtype=t.dtype)
             if nbytes:
                 check("acl.rt.memcpy", self._acl.rt.memcpy(host.__array_interface__["data"][0], nbytes, t.ptr,
-                                                           nbytes, ACL_MEMCPY_DEVICE_TO_HOST),
+                                                           nbytes, self._d2h),
                       context=f"D2H output {t.meta.name!r}")
         if t.pack_format is None:
             return host
-        shape = tuple(dims[0] if (k == 0 and d < 0) else d for k, d in enumerate(t.meta.shape))
-        return formats.unpack(host, t.pack_format, shape, origin=t.meta.format)
+        return formats.unpack(host, t.pack_format, self._current_logical(t, dims), origin=t.meta.format)

@@ -27,7 +27,6 @@ import atexit
 import importlib
 import sys
 import threading
-import weakref
 from types import ModuleType
 from typing import Any, Protocol
 
@@ -40,7 +39,8 @@ _initialized = False          # acl.init has succeeded (by us, or someone else b
 _we_initialized = False       # ... and we own the matching acl.finalize
 _atexit_registered = False
 _devices: dict[int, list[int]] = {}           # device id -> [refcount, context]
-_owners: "weakref.WeakValueDictionary[int, _Closable]" = weakref.WeakValueDictionary()
+# strong references: an open backend that its user dropped must still be closed, in order, at exit
+_owners: dict[int, "_Closable"] = {}
 
 
 class _Closable(Protocol):
@@ -171,12 +171,15 @@ def shutdown() -> list[str]:
     global _initialized, _we_initialized
     problems: list[str] = []
     with _lock:
-        for owner in list(_owners.values()):
-            try:
-                owner.deactivate()
-            except Exception as e:  # keep going: the rest must still be released
-                problems.append(f"closing {owner!r}: {e}")
+        owners = list(_owners.values())
         _owners.clear()
+    # not under _lock: a backend's deactivate takes its own lock and then ours (via use/release)
+    for owner in owners:
+        try:
+            owner.deactivate()
+        except Exception as e:  # keep going: the rest must still be released
+            problems.append(f"closing {owner!r}: {e}")
+    with _lock:
         for device_id, (_, ctx) in list(_devices.items()):
             del _devices[device_id]
             try:

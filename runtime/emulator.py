@@ -290,6 +290,10 @@ def build_runnable_model(bundle: Any) -> onnx.ModelProto:
             continue
         arr = bundle.unpack(name)
         want = declared.get(name)
+        if want is None and arr.dtype.name in _LOW_PRECISION:
+            # packed weights (Conv/ConvTranspose/MatMul/Gemm) share the type of the data input
+            want = next((declared.get(n.input[0]) for n in graph.node
+                         if name in n.input[1:] and n.input[0] in declared), None)
         if want is not None:
             target = _elem_dtype(want)
         elif arr.dtype.name in _LOW_PRECISION and fp16_mode:
@@ -361,8 +365,10 @@ def _insert_rounding(model: onnx.ModelProto, man: dict[str, Any]) -> None:
 
     def chain(src: str, dst: str, dt: str, t: int, tag: str) -> list[onnx.NodeProto]:
         mid = f"{dst}__npu_fp16"
-        return [helper.make_node("Cast", [src], [mid], name=f"{tag}/round_{dt}", to=_LOW_PRECISION[dt]),
-                helper.make_node("Cast", [mid], [dst], name=f"{tag}/round_back", to=t)]
+        # one pair per tensor, named after it: node names must stay unique (a node may have several
+        # rounded outputs, e.g. LSTM's Y, Y_h, Y_c)
+        return [helper.make_node("Cast", [src], [mid], name=f"{tag}:{dst}/round_{dt}", to=_LOW_PRECISION[dt]),
+                helper.make_node("Cast", [mid], [dst], name=f"{tag}:{dst}/round_back", to=t)]
 
     new_nodes: list[onnx.NodeProto] = []
     rename: dict[str, str] = {}

@@ -82,18 +82,50 @@ class NpuDeployBackend(OnnxBackend):
         return device.upper().startswith("CPU")
 
     @classmethod
-    def prepare(cls, model: onnx.ModelProto, device: str = "CPU", **kwargs: Any) -> NpuDeployRep:
+    def _convert(cls, src: Path, out: Path) -> None:
         from npu_deploy import convert
+
+        convert(str(src), output=str(out), backend="builtin", precision_mode=cls.precision_mode)
+
+    @classmethod
+    def prepare(cls, model: onnx.ModelProto, device: str = "CPU", **kwargs: Any) -> NpuDeployRep:
         from npu_deploy.runtime.emulator import EmulatorBackend
 
         with tempfile.TemporaryDirectory(prefix="npu-deploy-conf-") as d:
             src = Path(d) / "model.onnx"
             onnx.save(model, src)
             out = Path(d) / "model.bundle"
-            convert(str(src), output=str(out), backend="builtin", precision_mode=cls.precision_mode)
+            cls._convert(src, out)
             be = EmulatorBackend(out)
             be.activate()  # the bundle is fully read here; the folder can go
         return NpuDeployRep(be, _input_names(model))
+
+
+class NpuDeployLoweringBackend(NpuDeployBackend):
+    """The same pipeline (load → plan → bundle → emulator) without ATC's op-support gate.
+
+    ``npu_deploy.convert`` refuses, as ATC would, models outside ATC's ONNX opset range (8–18) and ops
+    without an ATC parser. Most node tests use newer opsets, so this variant measures the lowering and
+    the emulator themselves: the support report is still computed (it drives AI Core / AI CPU
+    placement) but not enforced.
+    """
+
+    soc = "Ascend310P3"
+
+    @classmethod
+    def _convert(cls, src: Path, out: Path) -> None:
+        from npu_deploy.converters.convert import write_plan_bundle
+        from npu_deploy.converters.onnx_model import load_model
+        from npu_deploy.converters.planner import plan
+        from npu_deploy.converters.support import check_graph
+
+        loaded = load_model(src)
+        opsets = {o.domain: o.version for o in loaded.model.opset_import}
+        static = {} if loaded.gears else {**{i.name: i.shape for i in loaded.inputs}, **loaded.shapes}
+        support = check_graph(loaded.model.graph, opsets, cls.soc, dtypes=loaded.dtypes, static_shapes=static,
+                              precision_mode=cls.precision_mode)
+        p = plan(loaded, soc=cls.soc, precision_mode=cls.precision_mode, support=support)
+        write_plan_bundle(out, loaded, p, support=support)
 
     @classmethod
     def run_model(cls, model: onnx.ModelProto, inputs: Any, device: str = "CPU", **kwargs: Any):

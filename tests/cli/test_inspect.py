@@ -110,3 +110,12 @@ def test_onnx_missing_external_data_is_check_failure(tmp_path, run_cli):
 def test_soc_with_om_is_usage_error(tmp_path, run_cli):
     code, _, err = run_cli("inspect", _om(tmp_path), "--soc", "Ascend310P3")
     assert code == 2 and "--soc applies to ONNX" in err
+
+
+def test_control_characters_from_the_file_are_escaped(tmp_path, run_cli):
+    path = _om(tmp_path, soc_version="Ascend\x1b[31m310P3\r\nFAKE", model_name="m\nname")
+    code, out, _ = run_cli("inspect", path)
+    assert code == 0
+    assert "\x1b" not in out and "\r" not in out
+    assert "Ascend\\x1b[31m310P3\\x0d\\x0aFAKE" in out
+    assert out.splitlines()[-1].startswith(".om for Ascend\\x1b")

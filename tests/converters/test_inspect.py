@@ -217,3 +217,35 @@ def test_text_is_aligned_and_ends_with_verdict(tmp_path):
     i = lines.index("inputs:")
     header, row1, row2 = lines[i + 1:i + 4]
     assert header.index("dtype") == row1.index("float16") == row2.index("float16")
+
+
+@pytest.mark.realmodel
+def test_real_model_on_soc_with_plan(real_model):
+    path = real_model("ppocr_cls")
+    r = inspect(path, soc="Ascend310P3", input_shapes={"x": (1, 3, 48, 192)}, layers=True, ops=True)
+    g = onnx.load(str(path), load_external_data=False).graph
+    soc = r.onnx["soc"]
+    assert soc["planner"] == "built-in" and soc["precision_mode"] == "force_fp16"
+    assert soc["unsupported"] == [] and soc["support"]["unsupported"] == 0
+    n_const = sum(1 for n in g.node if n.op_type == "Constant")
+    assert 0 < sum(soc["support"].values()) <= len(g.node) - n_const
+    # the planned TransData: fewer than the naive plan, each a real change on a tensor of the graph
+    assert soc["transdata_count"] == len(r.layout_ops) <= soc["transdata_naive_count"]
+    tensors = {i.name for i in g.input} | {o for n in g.node for o in n.output}
+    for t in r.layout_ops:
+        assert t["src_format"] != t["dst_format"] and t["tensor"] in tensors
+    assert 0 <= soc["formattrans_share"] < 1
+    # per-node layouts: every ONNX node, with its op type; convolutions run on NC1HWC0 activations
+    nf = soc["node_formats"]
+    assert len(nf) == len(g.node)
+    assert Counter(v["op_type"] for v in nf.values()) == Counter(n.op_type for n in g.node)
+    convs = [k for k, v in nf.items() if v["op_type"] == "Conv"]
+    assert len(convs) == 53 and all(nf[c]["input_formats"][0] == "NC1HWC0" for c in convs)
+    # the --ops list is matched to the plan's node names (the file's nodes are unnamed)
+    nodes = r.onnx["nodes"]
+    assert [n["op_type"] for n in nodes] == [n.op_type for n in g.node]
+    assert {n["planned_name"] for n in nodes} == set(nf)
+    assert {n["engine"] for n in nodes if n["op_type"] == "Conv"} == {"AI Core"}
+    text = render_text(r, layers=True)
+    assert "node formats:" in text and "NCHW -> NC1HWC0" in text
+    assert "TransData planned" in r.verdict()

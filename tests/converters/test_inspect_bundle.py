@@ -94,6 +94,8 @@ def test_bundle_summary(bundle_path):
     ({"memory": {"arena_bytes": 8192, "lower_bound_bytes": 0, "no_reuse_bytes": 4096, "alignment": 256}},
      "within its bounds"),
     ({"transdata_naive_count": 0}, "naive count"),
+    ({"outputs": [{"name": "z", "shape": [-1, 16], "dtype": "float16", "device_shape": [-1, 16], "nbytes": -512}]},
+     "concrete device shape"),
 ])
 def test_bundle_consistency_problems(tmp_path, over, problem):
     p = tmp_path / "b"
@@ -142,7 +144,7 @@ def test_manifest_with_odd_types_does_not_crash(tmp_path):
 def _converted(tmp_path, real_model, name, **kw):
     convert_mod = pytest.importorskip("npu_deploy.converters.convert")
     out = tmp_path / f"{name}.bundle"
-    convert_mod.convert(real_model(name), out, **kw)
+    convert_mod.convert(real_model(name), out, backend="builtin", **kw)
     return out
 
 
@@ -157,6 +159,19 @@ def test_bundle_from_the_converter(tmp_path, real_model):
     assert [o["name"] for o in r.outputs] == [o.name for o in src.graph.output]
     assert r.bundle["soc"] and r.bundle["weights"]["count"] > 0
     assert len(r.layout_ops) <= (r.bundle["transdata_naive_count"] or 0) or r.bundle["transdata_naive_count"] is None
+
+
+@pytest.mark.realmodel
+def test_dynamic_batch_bundle_from_the_converter(tmp_path, real_model):
+    out = _converted(tmp_path, real_model, "ppocr_cls", input_shapes={"x": (-1, 3, 48, 192)},
+                     dynamic_batch=[1, 4])
+    r = inspect(out)
+    assert r, r.problems
+    assert r.bundle["dynamic"] == {"mode": "batch", "gears": [{"x": [1, 3, 48, 192]}, {"x": [4, 3, 48, 192]}]}
+    assert r.inputs[0]["shape"] == [-1, 3, 48, 192]
+    assert r.inputs[0]["nbytes"] == 4 * 3 * 48 * 192 * np.dtype(r.inputs[0]["dtype"]).itemsize  # largest gear
+    g = onnx.load(str(real_model("ppocr_cls")), load_external_data=False).graph
+    assert r.op_count <= len(g.node)  # lowering may fold constants, never adds ONNX nodes
 
 
 def reseal(data: bytes, *, manifest: bytes | None = None, graph: bytes | None = None) -> bytes:

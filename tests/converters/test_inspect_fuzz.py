@@ -19,15 +19,50 @@ from npu_deploy.converters.inspect import inspect, render_text
 from npu_deploy.errors import NpuDeployError
 from tests.converters.test_inspect_bundle import _graph, _weights, manifest, reseal
 
-FUZZ = settings(max_examples=120, deadline=None, database=None,
+FUZZ = settings(max_examples=int(__import__("os").environ.get("FUZZ_EXAMPLES", 60)), deadline=None, database=None,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 
 
-@pytest.fixture(scope="module")
-def seed(tmp_path_factory):
-    p = tmp_path_factory.mktemp("seed") / "seed.bundle"
+def _converter_seed(d) -> bytes:
+    """A bundle from the real converter, on a small Conv/BN/MatMul model (dynamic batch)."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    from npu_deploy.converters.convert import convert
+
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array(rng.standard_normal((8, 3, 3, 3)).astype(np.float32), "cw"),
+             numpy_helper.from_array(rng.standard_normal((8 * 4 * 4, 10)).astype(np.float32), "mw"),
+             numpy_helper.from_array(np.array([-1, 8 * 4 * 4], np.int64), "shape")]
+    nodes = [helper.make_node("Conv", ["x", "cw"], ["c"], name="conv", pads=[1, 1, 1, 1], strides=[2, 2]),
+             helper.make_node("Relu", ["c"], ["r"], name="relu"),
+             helper.make_node("Reshape", ["r", "shape"], ["f"], name="flat"),
+             helper.make_node("MatMul", ["f", "mw"], ["y"], name="fc")]
+    g = helper.make_graph(nodes, "small", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3, 8, 8])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 10])], inits)
+    src = d / "small.onnx"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), str(src))
+    out = d / "small.bundle"
+    convert(src, out, backend="builtin", input_shapes={"x": (2, 3, 8, 8)})
+    return out.read_bytes()
+
+
+@pytest.fixture(scope="module", params=["write_bundle", "converter"])
+def seed(request, tmp_path_factory):
+    d = tmp_path_factory.mktemp("seed")
+    if request.param == "converter":
+        return _converter_seed(d)
+    p = d / "seed.bundle"
     write_bundle(p, manifest(), _graph(), _weights())
     return p.read_bytes()
+
+
+def test_seeds_are_clean(tmp_path, seed):
+    p = tmp_path / "seed.bundle"
+    p.write_bytes(seed)
+    r = inspect(p)
+    assert r, r.problems
 
 
 def _check(tmp_path, data: bytes) -> None:
@@ -102,3 +137,43 @@ def test_resealed_graph_mutations(tmp_path, seed, edits, cut):
     if cut is not None:
         del g[cut % (len(g) + 1):]
     _check(tmp_path, reseal(seed, graph=bytes(g)))
+
+
+@pytest.fixture(scope="module")
+def onnx_seed(tmp_path_factory):
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    w = numpy_helper.from_array(np.ones((3, 4), np.float32), "w")
+    g = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"], name="mm"),
+                           helper.make_node("Relu", ["y"], ["z"])], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3])],
+                          [helper.make_tensor_value_info("z", TensorProto.FLOAT, ["N", 4])], [w])
+    d = tmp_path_factory.mktemp("onnx")
+    p = d / "m.onnx"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), str(p),
+              save_as_external_data=True, location="w.bin", size_threshold=0)
+    return p.read_bytes(), (d / "w.bin").read_bytes()
+
+
+@FUZZ
+@given(edits=st.lists(st.tuples(st.integers(0, 1 << 12), st.integers(0, 255)), min_size=1, max_size=4),
+       cut=st.one_of(st.none(), st.integers(0, 1 << 12)))
+def test_mutated_onnx(tmp_path, onnx_seed, edits, cut):
+    data, weights = onnx_seed
+    buf = bytearray(data)
+    for pos, val in edits:
+        buf[pos % len(buf)] = val
+    if cut is not None:
+        del buf[cut % (len(buf) + 1):]
+    (tmp_path / "w.bin").write_bytes(weights)
+    p = tmp_path / "m.onnx"
+    p.write_bytes(bytes(buf))
+    try:
+        r = inspect(p, ops=True)
+    except NpuDeployError as e:
+        assert e.exit_code == 2 and "\n" not in str(e)
+        return
+    assert render_text(r, ops=True).splitlines()[-1] == r.verdict()
+    json.loads(r.to_json())

@@ -338,3 +338,24 @@ def test_missing_file_and_folder(tmp_path):
     with pytest.raises(OmError, match="folder"):
         read_om(tmp_path)
     assert not is_om(tmp_path / "nope.om")
+
+
+def test_keep_ops_lists_every_op_with_its_formats(tmp_path):
+    path = build_om(tmp_path / "m.om", **_resnetish())
+    md = _oracle_modeldef(path.read_bytes())
+    assert read_om(path).main.ops is None
+    ops = read_om(path, keep_ops=True).main.ops
+    assert [(o.name, o.type) for o in ops] == [(o.name, o.type) for g in md.graph for o in g.op]
+    conv = next(o for o in ops if o.name == "conv1")
+    assert (conv.input_formats, conv.output_formats) == (["NC1HWC0"], ["NC1HWC0"])
+    assert conv.output_shapes == [[1, 4, 112, 112, 16]]
+    assert {o.engine for o in ops if o.type == "ArgMaxV2"} == {"AIcpu"}
+
+
+def test_subgraph_ops_are_counted(tmp_path):
+    path = build_om(tmp_path / "m.om", inputs=[tensor("x")], outputs=[tensor("y")],
+                    ops=[op("a", "Relu"), op("b", "Relu", graph=1), transdata("t", "ND", "FRACTAL_NZ", [16, 16],
+                                                                               graph=2)])
+    m = read_om(path).main
+    assert m.graphs == ["model", "model_sub_1", "model_sub_2"]
+    assert m.op_types["Relu"] == 2 and m.layout_ops[0].graph == "model_sub_2"

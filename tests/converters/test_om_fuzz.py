@@ -27,7 +27,7 @@ SEEDS = [build_om_bytes(header_version=1, table="tiny", **_COMMON),
 # warm up lazy imports (the format registry) so the memory check below sees only the parse
 format_text(29 | 4 << 24)
 model_out_names(["a:0"])
-FUZZ = settings(max_examples=150, deadline=None, database=None,
+FUZZ = settings(max_examples=int(__import__("os").environ.get("FUZZ_EXAMPLES", 150)), deadline=None, database=None,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 
 

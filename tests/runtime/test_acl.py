@@ -112,6 +112,20 @@ def test_full_lifecycle_reuses_buffers_and_ends_clean(acl, tmp_path):
         "acl.rt.destroy_stream", "acl.rt.destroy_context", "acl.rt.reset_device", "acl.finalize"]
 
 
+def test_reactivation_after_close(acl, tmp_path):
+    path = static_model(tmp_path)
+    st(acl).set_compute(path, affine)
+    x = np.ones((2, 3, 4), np.float32)
+    b = AclBackend(path, api="pyacl")
+    for _ in range(2):
+        with b:
+            assert [m.name for m in b.get_inputs()] == ["x"]
+            np.testing.assert_array_equal(b.run(["y"], {"x": x})[0], 2 * x + 1)
+        assert st(acl).leaks() == []
+    with pytest.raises(InputError, match="inactive"):
+        b.run(None, {"x": x})
+
+
 def test_two_sessions_share_one_init_and_one_device_context(acl, tmp_path):
     path = static_model(tmp_path)
     st(acl).set_compute(path, affine)
@@ -207,6 +221,34 @@ def test_nc1hwc0_input_is_packed_and_output_unpacked(acl, tmp_path, channels, dt
     assert st(acl).executions()[-1].inputs["x"] == nc1hwc0_by_loop(x, c0).tobytes()
     assert y.shape == x.shape and y.dtype == np.dtype(dtype)
     np.testing.assert_array_equal(y, -x)
+
+
+def test_nhwc_host_layout_is_packed_from_nhwc(acl, tmp_path):
+    n, h, w, c = 1, 4, 5, 3
+    path = build_om(tmp_path / "m.om",
+                    inputs=[tensor("x", "float16", [n, 1, h, w, 16], "NC1HWC0", origin_shape=[n, h, w, c],
+                                   origin_format="NHWC")],
+                    outputs=[tensor("y", "float16", [n, 1, h, w, 16], "NC1HWC0", origin_shape=[n, h, w, c],
+                                    origin_format="NHWC")])
+    st(acl).set_compute(path, lambda spec, ins, batch: [bytes(ins["x"])])
+    x = np.arange(n * h * w * c, dtype=np.float16).reshape(n, h, w, c)
+    with AclBackend(path, api="pyacl") as b:
+        assert b.get_inputs()[0].format == "NHWC"
+        (y,) = b.run(None, {"x": x})
+    assert st(acl).executions()[-1].inputs["x"] == nc1hwc0_by_loop(x.transpose(0, 3, 1, 2), 16).tobytes()
+    np.testing.assert_array_equal(y, x)
+
+
+def test_blocked_input_without_origin_shape_uses_whole_blocks(acl, tmp_path):
+    path = build_om(tmp_path / "m.om", inputs=[tensor("x", "float16", [1, 2, 2, 2, 16], "NC1HWC0")],
+                    outputs=[tensor("y", "float16", [1, 2, 2, 2, 16], "NC1HWC0")])
+    st(acl).set_compute(path, lambda spec, ins, gear: [bytes(ins["x"])])
+    x = np.arange(1 * 32 * 2 * 2, dtype=np.float16).reshape(1, 32, 2, 2)
+    with AclBackend(path, api="pyacl") as b:
+        assert b.get_inputs()[0].shape == (1, 32, 2, 2)      # C = C1 * C0 when the .om does not say
+        (y,) = b.run(None, {"x": x})
+    assert st(acl).executions()[-1].inputs["x"] == nc1hwc0_by_loop(x, 16).tobytes()
+    np.testing.assert_array_equal(y, x)
 
 
 def test_fractal_nz_output_is_unpacked(acl, tmp_path):
@@ -415,6 +457,31 @@ def test_two_threads_share_one_session(acl, tmp_path):
     st(acl).assert_clean()
 
 
+def test_two_sessions_in_two_threads(acl, tmp_path):
+    path = static_model(tmp_path)
+    st(acl).set_compute(path, affine)
+    errors: list[BaseException] = []
+
+    def worker(seed: int) -> None:
+        try:
+            with AclBackend(path, api="pyacl") as b:
+                rng = np.random.default_rng(seed)
+                for _ in range(10):
+                    x = rng.standard_normal((2, 3, 4)).astype(np.float32)
+                    np.testing.assert_array_equal(b.run(["y"], {"x": x})[0], 2 * x + 1)
+        except BaseException as e:
+            errors.append(e)
+
+    threads = [threading.Thread(target=worker, args=(k,)) for k in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == [] and st(acl).violations() == [] and st(acl).leaks() == []
+    device.shutdown()
+    st(acl).assert_clean()
+
+
 def test_close_from_another_thread_sets_the_context_there(acl, tmp_path):
     path = static_model(tmp_path)
     b = AclBackend(path, api="pyacl")
@@ -427,7 +494,11 @@ def test_close_from_another_thread_sets_the_context_there(acl, tmp_path):
     st(acl).assert_clean()
 
 
-def test_teardown_at_interpreter_exit(tmp_path):
+@pytest.mark.parametrize("opener", [
+    'b = AclBackend(PATH, api="pyacl"); b.activate()',
+    'from npu_deploy.runtime.session import InferenceSession; b = InferenceSession(PATH)',
+], ids=["backend", "session"])
+def test_teardown_at_interpreter_exit(tmp_path, opener):
     path = static_model(tmp_path)
     log = tmp_path / "acl.log"
     script = textwrap.dedent(f"""
@@ -436,8 +507,8 @@ def test_teardown_at_interpreter_exit(tmp_path):
         import numpy as np
         import acl
         from npu_deploy.runtime.acl import AclBackend
-        b = AclBackend({str(path)!r}, api="pyacl")
-        b.activate()
+        PATH = {str(path)!r}
+        {opener}
         b.run(None, {{"x": np.ones((2, 3, 4), np.float32)}})
         # exit without closing
     """)
@@ -562,5 +633,249 @@ def test_acllite_errors_become_acl_errors(acllite, tmp_path):
 def test_acllite_requested_but_missing(acl, tmp_path):
     with pytest.raises(DependencyError, match="acllite"):
         AclBackend(static_model(tmp_path), api="acllite").activate()
+    device.shutdown()
+    st(acl).assert_clean()
+
+
+# ---------------------------------------------------------------------------------------------------
+# the process-wide device helper
+
+
+def test_device_refcount_and_shutdown_order(acl):
+    ctx = device.acquire(0)
+    assert device.acquire(0) == ctx
+    assert device.status() == {"initialized": True, "owns_finalize": True, "devices": {0: 2}, "open": 0}
+    device.release(0)
+    assert "acl.rt.destroy_context" not in st(acl).calls()
+    device.release(0)
+    assert st(acl).calls()[-2:] == ["acl.rt.destroy_context", "acl.rt.reset_device"]
+    assert "acl.finalize" not in st(acl).calls()          # finalize only at exit / shutdown
+    assert device.shutdown() == []
+    assert st(acl).calls()[-1] == "acl.finalize"
+    st(acl).assert_clean()
+    assert device.shutdown() == []                        # idempotent
+    assert st(acl).calls().count("acl.finalize") == 1
+
+
+def test_acl_initialised_by_someone_else_is_not_finalised_by_us(acl):
+    assert acl.init() == 0                                # e.g. user code or another library
+    device.acquire(0)
+    device.release(0)
+    device.shutdown()
+    assert "acl.finalize" not in st(acl).calls()
+    assert st(acl).leaks() == []
+
+
+def test_invalid_device_id(acl, tmp_path):
+    with pytest.raises(AclError, match=r"acl.rt.set_device returned 107001.*invalid device id.*device 3"):
+        AclBackend(static_model(tmp_path), device_id=3, api="pyacl").activate()
+    device.shutdown()
+    st(acl).assert_clean()
+
+
+def test_dropped_backend_is_closed_at_shutdown(acl, tmp_path):
+    path = static_model(tmp_path)
+    b = AclBackend(path, api="pyacl")
+    b.activate()
+    del b
+    import gc
+
+    gc.collect()
+    assert device.status()["open"] == 1
+    assert device.shutdown() == []
+    st(acl).assert_clean()
+
+
+def test_device_run_mode_copies_device_to_device(acl, tmp_path):
+    st(acl).reset(run_mode=0)
+    path = static_model(tmp_path)
+    st(acl).set_compute(path, affine)
+    x = np.arange(24, dtype=np.float32).reshape(2, 3, 4)
+    with AclBackend(path, api="pyacl") as b:
+        y, _ = b.run(None, {"x": x})
+    np.testing.assert_array_equal(y, 2 * x + 1)
+    device.shutdown()
+    st(acl).assert_clean()
+
+
+# ---------------------------------------------------------------------------------------------------
+# a real model behind the stand-in: ppocr_cls "compiled" with an NC1HWC0 fp16 input and batch gears
+
+
+@pytest.mark.realmodel
+def test_real_model_through_nc1hwc0_fp16_input_and_batch_gears(acl, tmp_path, real_model):
+    import onnxruntime as ort
+
+    onnx_path = real_model("ppocr_cls")
+    ref = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
+    out_name = ref.get_outputs()[0].name
+    h, w = 48, 192
+    path = build_om(tmp_path / "cls.om",
+                    inputs=[tensor("x", "float16", [-1, 1, h, w, 16], "NC1HWC0", origin_shape=[-1, 3, h, w],
+                                   origin_format="NCHW")],
+                    outputs=[tensor(out_name, "float32", [-1, 2], "ND")], dynamic_batch=[1, 2, 4])
+
+    def run_onnx(spec, inputs, batch):
+        # what the device would compute: read the 5HD fp16 bytes back to NCHW independently, run the model
+        phys = np.frombuffer(inputs["x"], np.float16).reshape(batch, 1, h, w, 16)
+        nchw = np.ascontiguousarray(phys[..., :3].transpose(0, 4, 2, 3, 1)[..., 0]).astype(np.float32)
+        return [ref.run(None, {"x": nchw})[0].astype(np.float32).tobytes()]
+
+    st(acl).set_compute(path, run_onnx)
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((3, 3, h, w)).astype(np.float16)
+    with AclBackend(path, api="pyacl") as b:
+        (x_meta,) = b.get_inputs()
+        assert (x_meta.shape, x_meta.dtype, x_meta.device_format) == ((-1, 3, h, w), np.float16, "NC1HWC0")
+        (probs,) = b.run(None, {"x": x})
+    assert st(acl).executions()[-1].batch == 4
+    expected = ref.run(None, {"x": x.astype(np.float32)})[0]
+    assert probs.shape == (3, 2)
+    np.testing.assert_allclose(probs, expected, rtol=1e-5, atol=1e-6)
+    device.shutdown()
+    st(acl).assert_clean()
+
+
+def test_cli_run_on_an_om_with_the_standin(acl, tmp_path, run_cli):
+    path = dyn_model(tmp_path)
+    st(acl).set_compute(path, triple)
+    x = np.random.default_rng(5).standard_normal((2, 3, 2, 2)).astype(np.float32)
+    np.save(tmp_path / "x.npy", x)
+    out = tmp_path / "out"
+    code, stdout, stderr = run_cli("run", str(path), "--input", f"x={tmp_path / 'x.npy'}", "--loop", "3",
+                                   "--output", str(out))
+    assert code == 0, (stdout, stderr)
+    assert "backend: acl" in stdout
+    np.testing.assert_allclose(np.load(out / "y.npy", allow_pickle=False), x.reshape(2, 12) * 3, rtol=1e-6)
+    assert st(acl).calls().count("acl.mdl.load_from_file") == 1
+    assert st(acl).leaks() == []
+
+
+def test_cli_reports_a_device_error_in_one_line(acl, tmp_path, run_cli):
+    path = static_model(tmp_path)
+    st(acl).set_compute(path, affine)
+    st(acl).fail("acl.mdl.execute", 507011, times=100)
+    code, stdout, stderr = run_cli("run", str(path), "--loop", "2")
+    assert code == 3
+    lines = [ln for ln in stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "acl.mdl.execute returned 507011" in lines[0] and "Traceback" not in stderr
+    assert st(acl).leaks() == []
+
+
+def test_missing_or_foreign_file_is_refused_before_acl(acl, tmp_path):
+    with pytest.raises(InputError, match="does not exist"):
+        AclBackend(tmp_path / "nope.om").activate()
+    junk = tmp_path / "junk.om"
+    junk.write_bytes(b"\0" * 300)
+    with pytest.raises(OmError):
+        AclBackend(junk).activate()
+    assert st(acl).calls() == []
+
+
+# ---------------------------------------------------------------------------------------------------
+# dynamic image size and dynamic dims
+
+
+def test_dynamic_hw_gears(acl, tmp_path):
+    path = build_om(tmp_path / "hw.om", inputs=[tensor("x", "float32", [1, 3, -1, -1], "NCHW")],
+                    outputs=[tensor("y", "float32", [1, 3, -1, -1], "NCHW")], dynamic_hw=[[4, 4], [8, 6]])
+
+    def double(spec, inputs, gear):
+        assert isinstance(gear, tuple) and len(gear) == 2
+        return [(np.frombuffer(inputs["x"], np.float32) * 2).tobytes()]
+
+    st(acl).set_compute(path, double)
+    rng = np.random.default_rng(4)
+    with AclBackend(path, api="pyacl") as b:
+        assert b.get_inputs()[0].gears == ((1, 3, 4, 4), (1, 3, 8, 6))
+        assert b.get_outputs()[0].shape == (1, 3, -1, -1)
+        for h, w in [(8, 6), (4, 4)]:
+            x = rng.standard_normal((1, 3, h, w)).astype(np.float32)
+            (y,) = b.run(None, {"x": x})
+            np.testing.assert_array_equal(y, 2 * x)
+            assert st(acl).executions()[-1].gear == (h, w)
+        with pytest.raises(InputError, match="gear"):
+            b.run(None, {"x": np.zeros((1, 3, 5, 5), np.float32)})
+    assert [c[1] for c in st(acl).call_log() if c[0] == "acl.mdl.set_dynamic_hw_size"] == [0, 0]
+    device.shutdown()
+    st(acl).assert_clean()
+
+
+def test_dynamic_hw_with_nc1hwc0_layout(acl, tmp_path):
+    path = build_om(tmp_path / "hw5.om",
+                    inputs=[tensor("x", "float16", [1, 1, -1, -1, 16], "NC1HWC0", origin_shape=[1, 3, -1, -1],
+                                   origin_format="NCHW")],
+                    outputs=[tensor("y", "float16", [1, 1, -1, -1, 16], "NC1HWC0", origin_shape=[1, 3, -1, -1],
+                                    origin_format="NCHW")], dynamic_hw=[[2, 3], [4, 5]])
+    st(acl).set_compute(path, lambda spec, ins, gear: [bytes(ins["x"])])
+    x = np.arange(1 * 3 * 2 * 3, dtype=np.float16).reshape(1, 3, 2, 3)
+    with AclBackend(path, api="pyacl") as b:
+        (y,) = b.run(None, {"x": x})
+    assert st(acl).executions()[-1].inputs["x"] == nc1hwc0_by_loop(x, 16).tobytes()
+    np.testing.assert_array_equal(y, x)
+
+
+def test_dynamic_dims_gears(acl, tmp_path):
+    path = build_om(tmp_path / "dims.om",
+                    inputs=[tensor("a", "float32", [-1, 4], "ND"), tensor("b", "float32", [2, -1], "ND")],
+                    outputs=[tensor("y", "float32", [-1, -1], "ND")], dynamic_dims=[[1, 3], [2, 5]])
+
+    def combine(spec, inputs, gear):
+        g0, g1 = gear
+        a = np.frombuffer(inputs["a"], np.float32).reshape(g0, 4)
+        b = np.frombuffer(inputs["b"], np.float32).reshape(2, g1)
+        return [(a.sum(axis=1)[:, None] + b[0][None, :]).astype(np.float32).tobytes()]
+
+    st(acl).set_compute(path, combine)
+    rng = np.random.default_rng(6)
+    with AclBackend(path, api="pyacl", dynamic_dims=[2, 5]) as b:
+        assert b.get_outputs()[0].shape == (-1, -1)
+        for g0, g1 in [(2, 5), (1, 3)]:
+            a = rng.standard_normal((g0, 4)).astype(np.float32)
+            bb = rng.standard_normal((2, g1)).astype(np.float32)
+            (y,) = b.run(None, {"a": a, "b": bb})
+            np.testing.assert_allclose(y, a.sum(axis=1)[:, None] + bb[0][None, :], rtol=1e-6)
+            assert st(acl).executions()[-1].gear == (g0, g1)
+    with pytest.raises(InputError, match=r"dims \[1, 5\] are not a gear"):
+        AclBackend(path, api="pyacl", dynamic_dims=[1, 5]).activate()
+    device.shutdown()
+    st(acl).assert_clean()
+
+
+def test_acllite_is_bypassed_for_hw_models(acllite, tmp_path):
+    acl = acllite
+    path = build_om(tmp_path / "hw.om", inputs=[tensor("x", "float32", [1, 3, -1, -1], "NCHW")],
+                    outputs=[tensor("y", "float32", [1, 3, -1, -1], "NCHW")], dynamic_hw=[[4, 4], [8, 6]])
+    with pytest.raises(InputError, match="acllite has no API"):
+        AclBackend(path, api="acllite").activate()
+    with AclBackend(path) as b:
+        assert b.api_used == "pyacl"
+    device.shutdown()
+    st(acl).assert_clean()
+
+
+def test_random_nc1hwc0_shapes_reach_the_device_packed(acl, tmp_path):
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as hs
+
+    counter = iter(range(10_000))
+
+    @settings(max_examples=12, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(n=hs.integers(1, 2), c=hs.integers(1, 40), h=hs.integers(1, 3), w=hs.integers(1, 3),
+           dtype=hs.sampled_from(["float16", "float32", "int8", "uint8"]))
+    def check(n, c, h, w, dtype):
+        c0 = 32 if np.dtype(dtype).itemsize == 1 else 16
+        dev = [n, -(-c // c0), h, w, c0]
+        path = build_om(tmp_path / f"r{next(counter)}.om",
+                        inputs=[tensor("x", dtype, dev, "NC1HWC0", origin_shape=[n, c, h, w], origin_format="NCHW")],
+                        outputs=[tensor("y", dtype, dev, "NC1HWC0", origin_shape=[n, c, h, w], origin_format="NCHW")])
+        st(acl).set_compute(path, lambda spec, ins, gear: [bytes(ins["x"])])
+        x = np.random.default_rng(c).integers(0, 100, (n, c, h, w)).astype(dtype)
+        with AclBackend(path, api="pyacl") as b:
+            (y,) = b.run(None, {"x": x})
+        assert st(acl).executions()[-1].inputs["x"] == nc1hwc0_by_loop(x, c0).tobytes()
+        np.testing.assert_array_equal(y, x)
+
+    check()
     device.shutdown()
     st(acl).assert_clean()

@@ -215,3 +215,46 @@ def test_clean_sequence_from_the_reference_is_clean(acl, tmp_path):
     assert acl.rt.destroy_stream(stream) == 0 and acl.rt.destroy_context(ctx) == 0
     assert acl.rt.reset_device(0) == 0 and acl.finalize() == 0
     acl._standin.assert_clean()
+
+
+def test_device_run_mode_requires_device_to_device_copies(acl):
+    acl._standin.reset(run_mode=0)
+    up(acl)
+    assert acl.rt.get_run_mode() == (0, 0)
+    p, _ = acl.rt.malloc(16, 0)
+    app = np.arange(4, dtype=np.float32)
+    a = app.__array_interface__["data"][0]
+    assert acl.rt.memcpy(p, 16, a, 16, 1) == 107000       # H2D is wrong on the device's own CPU
+    assert acl.rt.memcpy(p, 16, a, 16, 3) == 0
+    back = np.zeros(4, np.float32)
+    assert acl.rt.memcpy(back.__array_interface__["data"][0], 16, p, 16, 3) == 0
+    np.testing.assert_array_equal(back, app)
+
+
+def test_hw_and_dims_gear_rules(acl, tmp_path):
+    up(acl)
+    hw = build_om(tmp_path / "hw.om", inputs=[tensor("x", "float32", [1, 1, -1, -1], "NCHW")],
+                  outputs=[tensor("y", "float32", [1, 1, -1, -1], "NCHW")], dynamic_hw=[[2, 2], [4, 3]])
+    mid, _ = acl.mdl.load_from_file(str(hw))
+    desc = acl.mdl.create_desc()
+    acl.mdl.get_desc(desc, mid)
+    assert acl.mdl.get_dynamic_hw(desc, -1) == ({"hwCount": 2, "hw": [[2, 2], [4, 3]]}, 0)
+    assert acl.mdl.get_input_size_by_index(desc, 0) == 48            # the largest gear, 4x3 fp32
+    ins, _ = dataset(acl, [48, acl.mdl.get_input_size_by_index(desc, 1)])
+    assert acl.mdl.set_dynamic_batch_size(mid, ins, 1, 2) == 100019  # not a batch model
+    assert acl.mdl.set_dynamic_hw_size(mid, ins, 1, 3, 3) == 100000  # not a gear
+    assert acl.mdl.set_dynamic_hw_size(mid, ins, 1, 2, 2) == 0
+
+    dims = build_om(tmp_path / "dims.om", inputs=[tensor("a", "float32", [-1, 2], "ND")],
+                    outputs=[tensor("y", "float32", [-1, 2], "ND")], dynamic_dims=[[1], [3]])
+    mid2, _ = acl.mdl.load_from_file(str(dims))
+    desc2 = acl.mdl.create_desc()
+    acl.mdl.get_desc(desc2, mid2)
+    assert acl.mdl.get_input_dynamic_gear_count(desc2, -1) == (2, 0)
+    assert acl.mdl.get_input_dynamic_dims(desc2, -1, 2)[0][1] == {"dimCount": 2, "name": "", "dims": [3, 2]}
+    ins2, _ = dataset(acl, [24, acl.mdl.get_input_size_by_index(desc2, 1)])
+    assert acl.mdl.set_input_dynamic_dims(mid2, ins2, 1, {"dimCount": 2, "name": "", "dims": [2, 2]}) == 100000
+    assert acl.mdl.set_input_dynamic_dims(mid2, ins2, 1, {"dimCount": 3, "name": "", "dims": [3, 2]}) == 100000
+    assert acl.mdl.set_input_dynamic_dims(mid2, ins2, 1, {"dimCount": 2, "name": "", "dims": [3, 2]}) == 0
+    with pytest.raises(TypeError, match="set_input_dynamic_dims args parse failed"):
+        acl.mdl.set_input_dynamic_dims(mid2, ins2, 1, [3, 2])

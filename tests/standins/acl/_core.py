@@ -17,8 +17,8 @@ a runtime condition, is also recorded in :attr:`State.violations`):
 * free / destroy of an unknown or already released handle (double free);
 * execute: model loaded (100011), the datasets have one buffer per model input / output (100017 /
   100018), every buffer is a live device range at least as large as the model's size for it;
-* dynamic batch: only on a batch-gear model (100019), at the ``ascend_mbatch_shape_data`` index, with a
-  gear batch (145013);
+* dynamic batch / hw / dims: only on a model with that kind of gears (100019), at the
+  ``ascend_mbatch_shape_data`` index, with one of its gears (145013 for a batch, 100000 otherwise);
 * teardown order (reference §3.5): data buffers and datasets before unload, unload before destroying
   the desc, streams / models / allocations before their context, contexts before reset_device, every
   device reset before finalize.
@@ -47,7 +47,7 @@ KIND_H2H, KIND_H2D, KIND_D2H, KIND_D2D, KIND_DEFAULT = 0, 1, 2, 3, 4
 @dataclasses.dataclass
 class TensorSpec:
     """One model input/output as ``acl.mdl`` reports it. ``dims`` is what ``get_input_dims`` returns
-    (``-1`` on axis 0 of batch-gear models); ``dtype`` an aclDataType, ``format`` an aclFormat."""
+    (``-1`` on the dynamic axes of gear models); ``dtype`` an aclDataType, ``format`` an aclFormat."""
 
     name: str
     dims: tuple
@@ -55,51 +55,115 @@ class TensorSpec:
     format: int = 2
     size: int | None = None      # what get_*_size_by_index reports, when not the product of the dims
 
-    def reported_size(self, max_batch: int | None) -> int:
-        return self.size if self.size is not None else self.nbytes(max_batch)
-
-    def nbytes(self, batch: int | None) -> int:
+    def nbytes_of(self, dims) -> int:
         n = DTYPE_SIZE[self.dtype]
-        for d in self.dims:
-            n *= batch if d < 0 else d
+        for d in dims:
+            n *= d
         return n
 
-    def dims_at(self, batch: int | None) -> list[int]:
-        return [batch if d < 0 else d for d in self.dims]
 
-
-def default_compute(spec: "ModelSpec", inputs: dict[str, bytes], batch: int | None) -> list[bytes]:
+def default_compute(spec: "ModelSpec", inputs: dict[str, bytes], gear) -> list[bytes]:
     """Deterministic outputs from the input bytes: with ``s = sum(all input bytes) % 251``, byte ``k``
     of output ``j`` is ``(7*k + s + j) % 127``."""
     s = sum(sum(b) for b in inputs.values()) % 251
-    outs = []
-    for j, t in enumerate(spec.outputs):
-        n = t.nbytes(batch)
-        outs.append(bytes((7 * k + s + j) % 127 for k in range(n)))
-    return outs
+    g = spec.gear_tuple(gear)
+    return [bytes((7 * k + s + j) % 127 for k in range(t.nbytes_of(d)))
+            for j, (t, d) in enumerate(zip(spec.outputs, spec.output_dims(g)))]
 
 
 @dataclasses.dataclass
 class ModelSpec:
-    """What a loaded ``.om`` looks like to the stand-in. ``batch_gears`` non-empty makes a dynamic-batch
-    model (an extra last input ``ascend_mbatch_shape_data``). ``compute(spec, inputs, batch)`` gets the
-    device bytes of each real input (sized for the batch) and returns each output's device bytes."""
+    """What a loaded ``.om`` looks like to the stand-in.
+
+    Gears (at most one kind): ``batch_gears`` (every ``-1`` takes the batch), ``hw_gears`` (the two
+    ``-1`` of a tensor take ``h, w``), ``dims_gears`` (the ``-1`` of all inputs in order take the gear's
+    values; outputs take them from the start). A gear model has an extra last input
+    ``ascend_mbatch_shape_data``; without a set gear the largest one runs. ``compute(spec, inputs, gear)``
+    gets the device bytes of each real input (sized for the gear) and returns each output's device
+    bytes; ``gear`` is the batch (int) for batch models, a tuple for hw/dims models, None if static."""
 
     inputs: list[TensorSpec]
     outputs: list[TensorSpec]
     soc_version: str | None = None
     batch_gears: tuple = ()
-    compute: Callable[["ModelSpec", dict[str, bytes], int | None], list[bytes]] | None = None
+    compute: Callable[["ModelSpec", dict[str, bytes], Any], list[bytes]] | None = None
+    hw_gears: tuple = ()
+    dims_gears: tuple = ()
+
+    @property
+    def kind(self) -> str | None:
+        return "batch" if self.batch_gears else "hw" if self.hw_gears else "dims" if self.dims_gears else None
+
+    @property
+    def gears(self) -> list[tuple]:
+        if self.batch_gears:
+            return [(int(b),) for b in self.batch_gears]
+        return [tuple(int(v) for v in g) for g in (self.hw_gears or self.dims_gears)]
 
     @property
     def all_inputs(self) -> list[TensorSpec]:
-        if self.batch_gears:
+        if self.kind == "batch":
             return self.inputs + [TensorSpec(MBATCH_NAME, (1,), 3, 2)]   # int32 [1], as GE adds it
+        if self.kind == "hw":
+            return self.inputs + [TensorSpec(MBATCH_NAME, (2,), 3, 2)]
+        if self.kind == "dims":
+            return self.inputs + [TensorSpec(MBATCH_NAME, (len(self.gears[0]),), 3, 2)]
         return list(self.inputs)
 
+    def gear_tuple(self, gear) -> tuple | None:
+        if gear is None:
+            return None
+        return (gear,) if isinstance(gear, int) else tuple(gear)
+
+    def _fill(self, tensors: list[TensorSpec], gear: tuple | None, shared: bool) -> list[list[int]]:
+        out, pos = [], 0
+        for t in tensors:
+            dims, k = [], 0
+            for d in t.dims:
+                if d >= 0 or gear is None:
+                    dims.append(d)
+                elif self.kind == "batch":
+                    dims.append(gear[0])
+                elif self.kind == "hw":
+                    dims.append(gear[min(k, 1)])
+                    k += 1
+                else:
+                    dims.append(gear[pos % len(gear)])
+                    pos += 1
+            if not shared:
+                pos = 0
+            out.append(dims)
+        return out
+
+    def input_dims(self, gear: tuple | None) -> list[list[int]]:
+        return self._fill(self.inputs, gear, shared=True)
+
+    def output_dims(self, gear: tuple | None) -> list[list[int]]:
+        return self._fill(self.outputs, gear, shared=False)
+
     @property
-    def max_batch(self) -> int | None:
-        return max(self.batch_gears) if self.batch_gears else None
+    def max_gear(self) -> tuple | None:
+        """The gear that needs the most input bytes (what runs when none is set)."""
+        if not self.kind:
+            return None
+        return max(self.gears, key=lambda g: sum(t.nbytes_of(d) for t, d in zip(self.inputs, self.input_dims(g))))
+
+    def reported_size(self, k: int, outputs: bool) -> int:
+        ts = self.outputs if outputs else self.all_inputs
+        t = ts[k]
+        if t.size is not None:
+            return t.size
+        if t.name == MBATCH_NAME and not outputs:
+            return t.nbytes_of(t.dims)
+        fill = self.output_dims if outputs else self.input_dims
+        gears = self.gears or [None]
+        return max(t.nbytes_of(fill(g)[k]) for g in gears)
+
+    def user_gear(self, gear: tuple | None):
+        """What ``compute`` receives for a gear: int batch, tuple, or None."""
+        if gear is None:
+            return None
+        return gear[0] if self.kind == "batch" else gear
 
 
 @dataclasses.dataclass
@@ -113,7 +177,7 @@ class Alloc:
 @dataclasses.dataclass
 class Dataset:
     buffers: list[int] = dataclasses.field(default_factory=list)
-    batch: int | None = None
+    gear: tuple | None = None
     models: set = dataclasses.field(default_factory=set)
 
 
@@ -123,16 +187,17 @@ class Model:
     path: str
     ctx: int
     device: int
-    last_batch: int | None = None
+    last_gear: tuple | None = None
 
 
 @dataclasses.dataclass
 class Execution:
     model_id: int
-    batch: int | None
+    batch: int | None           # the batch of a batch-gear model
     inputs: dict[str, bytes]
     outputs: list[bytes]
     thread: str
+    gear: tuple | None = None   # the gear that ran (batch models: (batch,))
 
 
 class AclStandinError(AssertionError):
@@ -146,9 +211,10 @@ class State:
         self.computes: dict[str, Callable] = {}
         self.reset()
 
-    def reset(self, *, soc_name: str = "Ascend310P3", device_count: int = 1) -> None:
+    def reset(self, *, soc_name: str = "Ascend310P3", device_count: int = 1, run_mode: int = 1) -> None:
         with self.lock:
             self.soc_name = soc_name
+            self.run_mode = run_mode      # 1 ACL_HOST; 0 ACL_DEVICE (the app runs on the device's CPU)
             self.device_count = device_count
             self.initialized = False
             self.finalized = False

@@ -60,12 +60,12 @@ def spec_from_om(path: str) -> ModelSpec | None:
         return None
     soc = md.attr["soc_version"].s.decode() if "soc_version" in md.attr else None
     ops = list(md.graph[0].op)
-    gears: list[int] = []
+    gears: list[list[int]] = []
+    kind = 0
     for op in ops:
         if op.type == "Case" and "batch_num" in op.attr:
             kind = op.attr["mbatch_dynamic_type"].i if "mbatch_dynamic_type" in op.attr else 1
-            if kind == 1:
-                gears = [_ints(op.attr[f"_pred_value_{i}"])[0] for i in range(op.attr["batch_num"].i)]
+            gears = [_ints(op.attr[f"_pred_value_{i}"]) for i in range(op.attr["batch_num"].i)]
     data_ops = sorted((op for op in ops if op.type == "Data" and op.name != MBATCH_NAME),
                       key=lambda op: op.attr["index"].i if "index" in op.attr else 0)
 
@@ -85,7 +85,11 @@ def spec_from_om(path: str) -> ModelSpec | None:
     if net:
         for k, td in enumerate(net[0].input_desc):
             dims = list(td.shape.dim)
-            if gears and dims and dims[0] == max(gears):
+            if kind == 1 and gears and dims and dims[0] == max(g[0] for g in gears):
                 dims[0] = -1
             outputs.append(tspec(names[k] if k < len(names) else td.name, td, dims))
-    return ModelSpec(inputs, outputs, soc_version=soc, batch_gears=tuple(gears))
+    by_kind = {1: "batch_gears", 2: "hw_gears", 3: "dims_gears"}
+    extra = {}
+    if gears and kind in by_kind:
+        extra[by_kind[kind]] = tuple(g[0] for g in gears) if kind == 1 else tuple(tuple(g) for g in gears)
+    return ModelSpec(inputs, outputs, soc_version=soc, **extra)

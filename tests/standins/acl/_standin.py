@@ -18,9 +18,12 @@ from acl._core import (MBATCH_NAME, AclStandinError, Execution, ModelSpec, S, Te
 spec_loader = None
 
 
-def reset(*, soc_name: str = "Ascend310P3", device_count: int = 1, keep_registry: bool = False) -> None:
-    """Forget all state (as a fresh process would), the injected failures and, unless kept, the models."""
-    S.reset(soc_name=soc_name, device_count=device_count)
+def reset(*, soc_name: str = "Ascend310P3", device_count: int = 1, run_mode: int = 1,
+          keep_registry: bool = False) -> None:
+    """Forget all state (as a fresh process would), the injected failures and, unless kept, the models.
+    ``run_mode=0`` (ACL_DEVICE) simulates an app running on the device's own CPU (Atlas 200 DK): its
+    memory is device memory, so copies between it and device buffers must use DEVICE_TO_DEVICE."""
+    S.reset(soc_name=soc_name, device_count=device_count, run_mode=run_mode)
     if not keep_registry:
         S.registry.clear()
         S.computes.clear()

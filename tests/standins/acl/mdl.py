@@ -119,8 +119,7 @@ def _size(name: str, desc: int, i: int, outputs: bool) -> int:
     r = _tensor(name, desc, i, outputs)
     if r is None:
         return 0
-    m, t = r
-    return t.reported_size(m.spec.max_batch)
+    return r[0].spec.reported_size(i, outputs)
 
 
 @api("acl.mdl.get_input_size_by_index", "ii", ret="none")
@@ -168,17 +167,16 @@ def get_output_name_by_index(desc: int, i: int) -> str:
     return _attr("acl.mdl.get_output_name_by_index", desc, i, True, "name", "")
 
 
-def _dims(name: str, desc: int, i: int, outputs: bool, batch_of=None) -> tuple[dict, int]:
+def _dims(name: str, desc: int, i: int, outputs: bool, current: bool = False) -> tuple[dict, int]:
     r = _tensor(name, desc, i, outputs)
     if r is None:
         return {}, 100000
     m, t = r
-    if batch_of is not None:
-        dims = t.dims_at(batch_of(m))
-    elif outputs:
-        dims = t.dims_at(m.spec.max_batch)     # outputs: the largest gear (get_cur_output_dims: current)
+    if not outputs:
+        dims = list(t.dims)                    # inputs: -1 on the dynamic axes
     else:
-        dims = list(t.dims)                    # inputs: -1 on the dynamic axis
+        gear = (m.last_gear or m.spec.max_gear) if current else m.spec.max_gear
+        dims = m.spec.output_dims(gear)[i]     # outputs: the largest gear; current: the gear that ran
     return {"name": t.name, "dimCount": len(dims), "dims": dims}, 0
 
 
@@ -194,8 +192,7 @@ def get_output_dims(desc: int, i: int) -> tuple[dict, int]:
 
 @api("acl.mdl.get_cur_output_dims", "ii", ret="dict")
 def get_cur_output_dims(desc: int, i: int) -> tuple[dict, int]:
-    return _dims("acl.mdl.get_cur_output_dims", desc, i, True,
-                 batch_of=lambda m: m.last_batch if m.last_batch is not None else m.spec.max_batch)
+    return _dims("acl.mdl.get_cur_output_dims", desc, i, True, current=True)
 
 
 def _index(name: str, desc: int, tname: str, outputs: bool) -> tuple[int, int]:
@@ -232,7 +229,34 @@ def get_dynamic_hw(desc: int, index: int) -> tuple[dict, int]:
     m = _model_of("acl.mdl.get_dynamic_hw", desc)
     if m is None:
         return {}, 100000
-    return {"hwCount": 0, "hw": []}, 0
+    hw = [list(g) for g in m.spec.gears] if m.spec.kind == "hw" else []
+    return {"hwCount": len(hw), "hw": hw}, 0
+
+
+@api("acl.mdl.get_input_dynamic_gear_count", "ii", ret="pair")
+def get_input_dynamic_gear_count(desc: int, index: int) -> tuple[int, int]:
+    m = _model_of("acl.mdl.get_input_dynamic_gear_count", desc)
+    if m is None:
+        return 0, 100000
+    if m.spec.kind != "dims":
+        return 0, 100019
+    return len(m.spec.gears), 0
+
+
+@api("acl.mdl.get_input_dynamic_dims", "iii", ret="pair")
+def get_input_dynamic_dims(desc: int, index: int, count: int) -> tuple[list, int]:
+    m = _model_of("acl.mdl.get_input_dynamic_dims", desc)
+    if m is None:
+        return [], 100000
+    if m.spec.kind != "dims":
+        return [], 100019
+    if count != len(m.spec.gears):
+        return [], 100000
+    out = []
+    for g in m.spec.gears:
+        flat = [d for dims in m.spec.input_dims(g) for d in dims]
+        out.append({"dimCount": len(flat), "name": "", "dims": flat})
+    return out, 0
 
 
 @api("acl.mdl.create_dataset", "", ret="none")
@@ -270,32 +294,61 @@ def destroy_dataset(ds: int) -> int:
     return 0
 
 
-@api("acl.mdl.set_dynamic_batch_size", "iiii")
-def set_dynamic_batch_size(model_id: int, ds: int, index: int, batch: int) -> int:
-    rc = S.need_ctx("acl.mdl.set_dynamic_batch_size")
+def _set_gear(name: str, kind: str, model_id: int, ds: int, index: int, gear: tuple, bad_code: int) -> int:
+    rc = S.need_ctx(name)
     if rc:
         return rc
     m = S.models.get(model_id)
     if m is None:
         return 100011
-    if not m.spec.batch_gears:
+    if m.spec.kind != kind:
         return 100019
     d = S.datasets.get(ds)
     if d is None or index != len(m.spec.inputs) or index >= len(d.buffers):
-        S.violate(f"acl.mdl.set_dynamic_batch_size: index {index} is not the {MBATCH_NAME} buffer of "
-                  f"the dataset")
+        S.violate(f"{name}: index {index} is not the {MBATCH_NAME} buffer of the dataset")
         return 100000
-    if batch not in m.spec.batch_gears:
-        return 145013
+    if gear not in m.spec.gears:
+        return bad_code
     ptr, size = S.buffers[d.buffers[index]]
-    r = S.device_region(ptr, 4)
-    if r is None or isinstance(r, str) or size < 4:
-        S.violate(f"acl.mdl.set_dynamic_batch_size: the {MBATCH_NAME} buffer is not valid device memory")
+    r = S.device_region(ptr, 4 * len(gear))
+    if r is None or isinstance(r, str) or size < 4 * len(gear):
+        S.violate(f"{name}: the {MBATCH_NAME} buffer is not valid device memory")
         return 100000
     alloc, off = r
-    alloc.data[off:off + 4] = struct.pack("<i", batch)
-    d.batch = batch
+    alloc.data[off:off + 4 * len(gear)] = struct.pack(f"<{len(gear)}i", *gear)
+    d.gear = gear
     return 0
+
+
+@api("acl.mdl.set_dynamic_batch_size", "iiii")
+def set_dynamic_batch_size(model_id: int, ds: int, index: int, batch: int) -> int:
+    return _set_gear("acl.mdl.set_dynamic_batch_size", "batch", model_id, ds, index, (batch,), 145013)
+
+
+@api("acl.mdl.set_dynamic_hw_size", "iiiii")
+def set_dynamic_hw_size(model_id: int, ds: int, index: int, h: int, w: int) -> int:
+    return _set_gear("acl.mdl.set_dynamic_hw_size", "hw", model_id, ds, index, (h, w), 100000)
+
+
+@api("acl.mdl.set_input_dynamic_dims", "iiid")
+def set_input_dynamic_dims(model_id: int, ds: int, index: int, dims: dict) -> int:
+    """``dims`` = ``{"dimCount": n, "name": "", "dims": [all dims of all real inputs concatenated]}``."""
+    name = "acl.mdl.set_input_dynamic_dims"
+    m = S.models.get(model_id)
+    values = dims.get("dims")
+    if (not isinstance(values, list) or not all(isinstance(v, int) for v in values)
+            or dims.get("dimCount") != len(values)):
+        S.violate(f"{name}: malformed dims {dims!r}")
+        return 100000
+    gear = None
+    if m is not None and m.spec.kind == "dims":
+        for g in m.spec.gears:
+            if [d for ds_ in m.spec.input_dims(g) for d in ds_] == values:
+                gear = g
+        if gear is None:
+            S.violate(f"{name}: {values} match no gear (all inputs' dims concatenated)")
+            return 100000
+    return _set_gear(name, "dims", model_id, ds, index, gear or (), 100000)
 
 
 def _check_buffers(name: str, m: Model, d: Dataset, specs: list[TensorSpec], what: str) -> int:
@@ -304,7 +357,7 @@ def _check_buffers(name: str, m: Model, d: Dataset, specs: list[TensorSpec], wha
         if d.buffers[k] not in S.buffers:
             S.violate(f"{name}: {what} {k} data buffer was destroyed")
             return 100000
-        need = t.nbytes(m.spec.max_batch)
+        need = m.spec.reported_size(k, what == "output")
         if size < need:
             S.violate(f"{name}: {what} {t.name!r} buffer is {size} bytes, the model needs {need}")
             return 100000
@@ -340,24 +393,24 @@ def _execute(name: str, model_id: int, in_ds: int, out_ds: int) -> int:
         return rc
     di.models.add(model_id)
     do.models.add(model_id)
-    batch = di.batch if di.batch is not None else m.spec.max_batch
+    gear = di.gear if di.gear is not None else m.spec.max_gear
     data: dict[str, bytes] = {}
-    for k, t in enumerate(m.spec.inputs):
+    for k, (t, dims) in enumerate(zip(m.spec.inputs, m.spec.input_dims(gear))):
         ptr, _ = S.buffers[di.buffers[k]]
         alloc, off = S.device_region(ptr, 1)
-        data[t.name] = bytes(alloc.data[off:off + t.nbytes(batch)])
+        data[t.name] = bytes(alloc.data[off:off + t.nbytes_of(dims)])
     compute = m.spec.compute or default_compute
-    results = compute(m.spec, data, batch)
-    for k, (t, blob) in enumerate(zip(outs, results)):
-        if len(blob) != t.nbytes(batch):
+    results = compute(m.spec, data, m.spec.user_gear(gear))
+    for k, (t, dims, blob) in enumerate(zip(outs, m.spec.output_dims(gear), results)):
+        if len(blob) != t.nbytes_of(dims):
             raise AssertionError(f"stand-in model compute returned {len(blob)} bytes for output {t.name!r}, "
-                                 f"expected {t.nbytes(batch)}")
+                                 f"expected {t.nbytes_of(dims)}")
         ptr, _ = S.buffers[do.buffers[k]]
         alloc, off = S.device_region(ptr, 1)
         alloc.data[off:off + len(blob)] = blob
-    m.last_batch = batch
-    S.executions.append(Execution(model_id, batch, data, [bytes(b) for b in results],
-                                  threading.current_thread().name))
+    m.last_gear = gear
+    S.executions.append(Execution(model_id, gear[0] if m.spec.kind == "batch" else None, data,
+                                  [bytes(b) for b in results], threading.current_thread().name, gear))
     return 0
 
 

@@ -116,7 +116,7 @@ def get_context() -> tuple[int, int]:
 def get_run_mode() -> tuple[int, int]:
     if not S.initialized:
         return 0, 100001
-    return 1, 0   # ACL_HOST
+    return S.run_mode, 0   # 1 ACL_HOST, 0 ACL_DEVICE
 
 
 @api("acl.rt.create_stream", "", ret="pair")
@@ -246,10 +246,20 @@ def _copy(name: str, dst: int, dest_max: int, src: int, count: int, kind: int) -
                 (False, False): KIND_H2H}[(src >= DEVICE_BASE, dst >= DEVICE_BASE)]
     if kind not in (KIND_H2H, KIND_H2D, KIND_D2H, KIND_D2D):
         return 100000
-    d = _region(name, dst, dest_max, kind in (KIND_H2D, KIND_D2D))
+    if S.run_mode == 0 and kind in (KIND_H2D, KIND_D2H):
+        S.violate(f"{name}: run mode is ACL_DEVICE (app memory is device memory): use DEVICE_TO_DEVICE")
+        return 107000
+    app_is_device = S.run_mode == 0 and kind == KIND_D2D
+
+    def region(ptr: int, n: int, want_device: bool):
+        if app_is_device and ptr < DEVICE_BASE and ptr:
+            return "host"        # the app's own memory, on the device side in this run mode
+        return _region(name, ptr, n, want_device)
+
+    d = region(dst, dest_max, kind in (KIND_H2D, KIND_D2D))
     if isinstance(d, int):
         return d
-    s = _region(name, src, count, kind in (KIND_D2H, KIND_D2D))
+    s = region(src, count, kind in (KIND_D2H, KIND_D2D))
     if isinstance(s, int):
         return s
     if s == "host":

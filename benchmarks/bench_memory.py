@@ -1,0 +1,229 @@
+"""Memory plan and cost model figures, measured side by side in one run.
+
+    python benchmarks/bench_memory.py            # writes benchmarks/README-memory-cost.md
+
+1. Planner speed: ``plan_memory`` (segment-tree conflict query) against the same greedy placement
+   with an all-pairs conflict scan, on synthetic graphs of 1k–20k tensors; the ratio is the figure.
+2. Plan quality on the five real models: arena vs lower bound vs no reuse.
+3. The cost model against the source material's figures (10–15 µs per NCHW→NC1HWC0; NZ GEMM
+   about 1.5x ND GEMM throughput).
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from npu_deploy.converters import memory  # noqa: E402
+from npu_deploy.converters.cost import (SOC_PROFILES, OpWork, model_tensor_types,  # noqa: E402
+                                        op_time_us, transdata_time_us)
+from npu_deploy.converters.memory import MemTensor, memtensors_from_graph, plan_memory  # noqa: E402
+
+
+def synthetic(n: int, seed: int = 0) -> list[MemTensor]:
+    """A graph-like workload: one tensor per step, most read by the next few steps, a few skip
+    connections of tens of steps, 1 % living to the end (outputs, cached state)."""
+    rng = random.Random(seed)
+    ts = []
+    for i in range(n):
+        r = rng.random()
+        life = 1 + int(rng.expovariate(1 / 2)) if r < 0.9 else rng.randint(10, 60) if r < 0.99 \
+            else n - i
+        size = rng.choice([64 << 10, 256 << 10, 1 << 20, 4 << 20]) + rng.randint(0, 4095)
+        ts.append(MemTensor(f"t{i}", size, i, i + life))
+    return ts
+
+
+def plan_all_pairs(tensors: list[MemTensor], alignment: int = 256) -> int:
+    """The same greedy-by-size best-fit placement, finding conflicts by scanning every placed
+    tensor (the O(n²) baseline). Returns the arena size."""
+    sizes = [memory._align(t.nbytes, alignment) for t in tensors]
+    order = sorted(range(len(tensors)), key=lambda i: (-sizes[i], -(tensors[i].last_use -
+                                                                    tensors[i].first_use),
+                                                       tensors[i].name))
+    placed: list[tuple[int, int, int, int]] = []   # first, last, offset, end
+    arena = 0
+    for i in order:
+        t, size = tensors[i], sizes[i]
+        if not size:
+            continue
+        busy = [(o, e) for f, la, o, e in placed if f <= t.last_use and t.first_use <= la]
+        off = memory._place(size, busy)
+        placed.append((t.first_use, t.last_use, off, off + size))
+        arena = max(arena, off + size)
+    return arena
+
+
+def best_of(fn, repeat: int) -> float:
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return min(times)
+
+
+def bench_speed(sizes: list[int], repeat: int) -> list[dict]:
+    rows = []
+    for n in sizes:
+        ts = synthetic(n)
+        fast = best_of(lambda: plan_memory(ts), repeat)
+        plan = plan_memory(ts)
+        slow = best_of(lambda: plan_all_pairs(ts), 1) if n <= 20000 else float("nan")
+        same = plan_all_pairs(ts) == plan.arena_bytes if n <= 20000 else None
+        rows.append({"n": n, "tree_s": fast, "pairs_s": slow, "ratio": slow / fast,
+                     "same_arena": same, "overhead": plan.overhead})
+        print(f"n={n:6d}  plan_memory {fast * 1e3:8.1f} ms   all-pairs {slow * 1e3:9.1f} ms   "
+              f"x{slow / fast:6.1f}   arena/lower bound {plan.overhead:.3f}", flush=True)
+    return rows
+
+
+REAL = [
+    ("ppocr_det", {"x": (1, 3, 640, 640)}),
+    ("ppocr_rec", {"x": (1, 3, 48, 320)}),
+    ("ppocr_cls", {"x": (1, 3, 48, 192)}),
+    ("silero_vad", {"input": (1, 576), "h": (1, 1, 128), "c": (1, 1, 128)}),
+    ("minilm", {"input_ids": (1, 128), "attention_mask": (1, 128)}),
+]
+
+
+def bench_real() -> list[dict]:
+    import onnx
+
+    from tests.conftest import real_model_path
+
+    rows = []
+    for name, shapes in REAL:
+        model = onnx.load(str(real_model_path(name)))
+        shp, dt = model_tensor_types(model, input_shapes=shapes)
+        inits = {i.name for i in model.graph.initializer}
+        # fp32 activations stored as fp16 on the device (ATC default force_fp16)
+        sizes = {n: int(np.prod(s, dtype=np.int64)) * (2 if dt[n].kind == "f" else dt[n].itemsize)
+                 for n, s in shp.items() if n not in inits}
+        ts = memtensors_from_graph(model.graph, sizes)
+        t0 = time.perf_counter()
+        plan = plan_memory(ts)
+        dt_ms = (time.perf_counter() - t0) * 1e3
+        rows.append({"model": name, "shapes": shapes, "tensors": len(ts),
+                     "arena": plan.arena_bytes, "lower": plan.lower_bound_bytes,
+                     "no_reuse": plan.no_reuse_bytes, "ms": dt_ms})
+        print(f"{name:10s} {len(ts):5d} tensors  arena {plan.arena_bytes / 2**20:8.2f} MiB  "
+              f"lower {plan.lower_bound_bytes / 2**20:8.2f}  no-reuse "
+              f"{plan.no_reuse_bytes / 2**20:8.2f}  ({dt_ms:.1f} ms)", flush=True)
+    return rows
+
+
+def cost_checks() -> tuple[list[tuple], list[tuple]]:
+    td = []
+    for soc in SOC_PROFILES:
+        for shape in [(1, 16, 28, 28), (1, 64, 56, 56), (1, 256, 56, 56), (1, 3, 224, 224)]:
+            n, c, h, w = shape
+            src = n * c * h * w * 2
+            dst = n * (-(-c // 16)) * h * w * 16 * 2
+            td.append((soc, shape, src, dst, transdata_time_us(src, "NCHW", "NC1HWC0", soc,
+                                                               dst_nbytes=dst)))
+    gemm = []
+    for soc in SOC_PROFILES:
+        for m, k, n in [(1, 4096, 4096), (128, 384, 384), (128, 1536, 384), (512, 512, 512),
+                        (1024, 1024, 1024), (4096, 4096, 4096)]:
+            w = OpWork(2.0 * m * k * n, 2 * (m * k + k * n), 2 * m * n, "cube")
+            nz = op_time_us(w, soc, operand_format="NZ")
+            nd = op_time_us(w, soc, operand_format="ND")
+            gemm.append((soc, (m, k, n), nz, nd, nd / nz))
+    return td, gemm
+
+
+def write_fragment(path: Path, speed, real, td, gemm) -> None:
+    mib = 2 ** 20
+    lines = ["# Memory plan and cost model (benchmarks/bench_memory.py)", "",
+             "Measured in one run on this machine (2 cores, Python 3.11). Re-run with "
+             "`python benchmarks/bench_memory.py`.", "",
+             "## Memory planner speed", "",
+             "Same greedy-by-size best-fit placement; conflicting tensors found with the segment "
+             "tree over lifetimes (`plan_memory`) or by scanning every placed tensor (all-pairs "
+             "baseline). Synthetic graph-like workload: one tensor per step, 90 % read within a few "
+             "steps, 9 % skip connections of 10–60 steps, 1 % live to the end.", "",
+             "| tensors | plan_memory | all-pairs scan | speed-up | same arena | arena / lower bound |",
+             "|---:|---:|---:|---:|:---:|---:|"]
+    for r in speed:
+        lines.append(f"| {r['n']:,} | {r['tree_s'] * 1e3:.1f} ms | {r['pairs_s'] * 1e3:.1f} ms | "
+                     f"{r['ratio']:.1f}x | {'yes' if r['same_arena'] else 'no'} | "
+                     f"{r['overhead']:.3f} |")
+    lines += ["", "## Plan quality on the real models", "",
+              "Activations only (weights are in the weight blob), fp32 activations counted as fp16 "
+              "(ATC's default `force_fp16`), every slot rounded up to 256 bytes. The lower bound is "
+              "the largest sum of tensors live at one step; no plan can use less.", "",
+              "| model | input shapes | tensors | arena | lower bound | no reuse | arena / lower | "
+              "saved vs no reuse | plan time |",
+              "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in real:
+        shp = "; ".join(f"{k} {'x'.join(map(str, v))}" for k, v in r["shapes"].items())
+        lines.append(f"| {r['model']} | {shp} | {r['tensors']} | {r['arena'] / mib:.2f} MiB | "
+                     f"{r['lower'] / mib:.2f} MiB | {r['no_reuse'] / mib:.2f} MiB | "
+                     f"{r['arena'] / r['lower']:.3f} | {100 * (1 - r['arena'] / r['no_reuse']):.1f} % "
+                     f"| {r['ms']:.1f} ms |")
+    lines += ["", "## Cost model against the source material (all figures are estimates)", "",
+              "Every constant is in `converters/cost.py` `SOC_PROFILES` with its source or marked "
+              "as an assumption (peak FP16/INT8 and bandwidth from the datasheet figures in "
+              "design.md; launch overhead 3 µs, efficiencies, vector and AI CPU rates are "
+              "assumptions). TransData = launch + (source bytes + destination bytes) / "
+              "(bandwidth x 0.5).", "",
+              "**NCHW→NC1HWC0 (fp16), source figure 10–15 µs on device:**", "",
+              "| SoC | shape | bytes in → out | estimate | within 10–15 µs |",
+              "|---|---|---:|---:|:---:|"]
+    for soc, shape, src, dst, t in td:
+        lines.append(f"| {soc} | {'x'.join(map(str, shape))} | {src:,} → {dst:,} | {t:.1f} µs | "
+                     f"{'yes' if 10 <= t <= 15 else 'no'} |")
+    lines += ["", "**ND vs NZ GEMM (fp16), source figure: NZ about 1.5x the ND throughput:**", "",
+              "| SoC | M x K x N | NZ | ND | ND / NZ |", "|---|---|---:|---:|---:|"]
+    for soc, (m, k, n), nz, nd, ratio in gemm:
+        lines.append(f"| {soc} | {m} x {k} x {n} | {nz:.1f} µs | {nd:.1f} µs | {ratio:.2f} |")
+    lines += ["", "**Where the model agrees and where it disagrees.** For a typical ResNet-stage "
+              "activation (1x64x56x56 fp16) on the 310P3 the model gives about 10.8 µs, inside the "
+              "10–15 µs the source material quotes; that figure is reproduced by the 204.8 GB/s "
+              "LPDDR4X, an assumed 50 % transpose efficiency and a 3 µs launch, so it constrains "
+              "their combination, not each one. The model disagrees in three places. (1) Size: "
+              "the cost grows with the bytes moved, so a 1x256x56x56 conversion is estimated at "
+              "~37 µs and a small 1x16x28x28 one at ~3.5 µs (launch only); a flat 10–15 µs per "
+              "conversion, as the source implies, underestimates large tensors and overestimates "
+              "small ones. (2) SoC: on the 910B's 1.6 TB/s HBM the same conversion is launch-bound "
+              "at ~4 µs, so the 10–15 µs figure reads as a 310-class or large-tensor number. "
+              "(3) NZ vs ND GEMM: the model charges ND operands a halved load bandwidth, so ND "
+              "costs at most bw_efficiency / nd_load_efficiency = 1.4x and only when the GEMM is "
+              "bandwidth-bound (GEMV, small-M projections); large compute-bound GEMMs "
+              "(4096³) show no difference. The source's ~1.5x is not reached; if real traces "
+              "confirm it for mid-size GEMMs, the missing effect is the cube stalling on "
+              "strided loads (not modelled), and `nd_load_efficiency` is the constant to lower. "
+              "The tests pin these numbers (`tests/converters/test_cost.py`: TRANSDATA_CHECK, "
+              "GEMM_CHECK).", "",
+              "None of this has been checked against a real device: no NPU here. Treat the "
+              "per-op times as a ranking aid and the FormatTrans share (flagged above 8 %) as a "
+              "prompt to profile, not as a measurement.", ""]
+    path.write_text("\n".join(lines))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--sizes", default="1000,2000,5000,10000,20000")
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--no-real", action="store_true", help="skip the real models")
+    ap.add_argument("--out", default=str(REPO / "benchmarks" / "README-memory-cost.md"))
+    args = ap.parse_args()
+    speed = bench_speed([int(s) for s in args.sizes.split(",")], args.repeat)
+    real = [] if args.no_real else bench_real()
+    td, gemm = cost_checks()
+    write_fragment(Path(args.out), speed, real, td, gemm)
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,386 @@
+"""``convert``: ONNX model → Ascend offline model (ATC ``.om``, or the built-in offline bundle).
+
+The pipeline, the same for the API and ``npu-deploy convert``:
+
+1. **ONNX from path** — :func:`~npu_deploy.converters.onnx_model.load_model`: external data checked,
+   ``onnx.checker`` full check, input shapes / gears applied, shapes inferred.
+2. **Op support** — :func:`~npu_deploy.converters.support.check_support`: opset range, and every
+   unsupported node reported together, before any long compile starts.
+3. **Backend** — ``"atc"`` runs ATC (``converters.atc``); ``"builtin"`` plans the lowering
+   (``converters.planner``) and writes the bundle (``converters.bundle``), packing and writing the
+   weights one at a time; ``"auto"`` is ATC when it is found, else built-in (the result says which
+   and why).
+
+>>> import numpy as np, onnx, tempfile, os
+>>> from onnx import helper, TensorProto
+>>> g = helper.make_graph([helper.make_node("Relu", ["x"], ["y"], name="relu")], "g",
+...     [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 8])],
+...     [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 8])])
+>>> d = tempfile.mkdtemp(); src = os.path.join(d, "m.onnx")
+>>> onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), src)
+>>> r = convert(src, os.path.join(d, "m.bundle"), backend="builtin", input_shapes={"x": (2, 8)})
+>>> r.backend, os.path.exists(r.output), bool(r)
+('builtin', True, True)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import os
+import time
+from pathlib import Path
+from typing import Any, Callable, ClassVar, Iterator, Mapping, Sequence
+
+import numpy as np
+import onnx
+
+from npu_deploy._result import Result
+from npu_deploy._version import __version__
+from npu_deploy.errors import DependencyError, InputError
+
+BACKENDS = ("auto", "atc", "builtin")
+INPUT_FORMATS = ("NCHW", "NHWC", "ND", "NCDHW", "NDHWC")
+DEFAULT_SOC = "Ascend310P3"
+
+
+@dataclasses.dataclass
+class ConvertResult(Result):
+    """What ``convert`` did. ``bool()``: converted and, for the built-in backend, the estimated
+    FormatTrans share is within 8 %. ``plan`` is the :class:`~npu_deploy.converters.planner.PlanReport`
+    as a dict (built-in backend), ``atc`` the ATC run summary (ATC backend)."""
+
+    SCHEMA: ClassVar[str] = "npu-deploy/convert-result"
+    SCHEMA_VERSION: ClassVar[int] = 1
+
+    model: str
+    output: str
+    backend: str
+    backend_reason: str
+    soc: str
+    precision_mode: str
+    dynamic: dict
+    support: dict
+    plan: dict | None = None
+    atc: dict | None = None
+    seconds: float = 0.0
+
+    def __bool__(self) -> bool:
+        if self.plan is None:
+            return True
+        share = (self.plan.get("cost") or {}).get("formattrans_share")
+        return share is None or share <= 0.08
+
+    def plan_report(self):
+        """The built-in plan as a :class:`PlanReport` (None for the ATC backend)."""
+        from npu_deploy.converters.planner import PlanReport
+
+        return None if self.plan is None else PlanReport.load(self.plan)
+
+    def verdict(self) -> str:
+        head = f"converted {Path(self.model).name} -> {self.output} ({self.backend}, {self.soc})"
+        if self.plan is not None:
+            return f"{head}: {self.plan_report().verdict()}"
+        return head
+
+
+def _check_options(backend: str, precision_mode: str | None, input_format: str | None,
+                   timeout: float | None, soc: str) -> None:
+    from npu_deploy.converters.planner import PRECISION_MODES
+    from npu_deploy.converters.support import soc_family
+
+    if backend not in BACKENDS:
+        raise InputError(f"unknown backend {backend!r}", hint=f"use one of: {', '.join(BACKENDS)}")
+    if precision_mode is not None and precision_mode not in PRECISION_MODES:
+        raise InputError(f"unknown precision mode {precision_mode!r}",
+                         hint=f"use one of: {', '.join(PRECISION_MODES)}")
+    if input_format is not None and input_format not in INPUT_FORMATS:
+        raise InputError(f"unknown input format {input_format!r}",
+                         hint=f"use one of: {', '.join(INPUT_FORMATS)}")
+    if timeout is not None and not timeout > 0:
+        raise InputError(f"timeout {timeout} must be a positive number of seconds")
+    soc_family(soc)
+
+
+def _check_output(path: Path) -> None:
+    parent = path.parent if str(path.parent) else Path(".")
+    if path.is_dir():
+        raise InputError(f"cannot write {path}: it is a folder", hint="give a file name with -o")
+    if not parent.is_dir():
+        raise InputError(f"cannot write {path}: folder {parent} does not exist",
+                         hint="create the folder or choose another -o")
+    if not os.access(parent, os.W_OK):
+        raise InputError(f"cannot write {path}: folder {parent} is not writable", hint="choose another -o")
+    if path.exists() and not os.access(path, os.W_OK):
+        raise InputError(f"cannot write {path}: the file is read-only", hint="choose another -o")
+
+
+def _choose_backend(backend: str, atc: str | os.PathLike | None) -> tuple[str, str, str | None]:
+    if backend == "builtin":
+        return "builtin", "requested (--backend builtin)", None
+    try:
+        from npu_deploy.converters import atc as atcmod
+    except ImportError:  # pragma: no cover - the ATC driver ships with the package
+        atcmod = None
+    if backend == "atc":
+        if atcmod is None:
+            raise DependencyError("the ATC driver (npu_deploy.converters.atc) is not available")
+        return "atc", "requested (--backend atc)", atcmod.require_atc(atc)
+    found = atcmod.find_atc(atc) if atcmod is not None else None
+    if found:
+        return "atc", f"auto: ATC found at {found}", found
+    return "builtin", "auto: ATC not found on PATH (or $ASCEND_TOOLKIT_HOME), using the built-in lowering", None
+
+
+def convert(model: str | os.PathLike, output: str | os.PathLike | None = None, *, backend: str = "auto",
+            soc: str | None = None, input_shapes: Mapping[str, Sequence[int]] | None = None,
+            input_format: str | None = None, dynamic_batch: Sequence[int] | None = None,
+            dynamic_dims=None, precision_mode: str | None = None, keep_dtype: Sequence[str] | None = None,
+            enable_small_channel: bool = False, atc_args: Sequence[str] = (), timeout: float | None = None,
+            report: str | os.PathLike | None = None,
+            progress: Callable[[str, float | None], None] | None = None,
+            atc: str | os.PathLike | None = None) -> ConvertResult:
+    """Convert an ONNX model for an Ascend SoC; return a :class:`ConvertResult`.
+
+    ``output`` defaults to the model path with ``.bundle`` (built-in) or ``.om`` (ATC); for the bundle
+    it is used exactly as given. ``input_shapes``: ``{name: dims}`` (-1 marks a gear dimension);
+    ``dynamic_batch``: ``[1, 4, 8]``; ``dynamic_dims``: ``[(1, 128), (4, 256)]`` or ``"1,128;4,256"``.
+    ``precision_mode`` defaults to ATC's ``force_fp16``. ``keep_dtype``: node names or ``OpType::X``
+    kept in float32. ``atc_args``: extra ``--name=value`` passed to ATC verbatim. ``report``: write the
+    result (with the plan report) as JSON. ``progress(stage, fraction)`` is called as work advances.
+    """
+    from npu_deploy.converters.onnx_model import load_model
+    from npu_deploy.converters.support import check_support
+
+    t0 = time.perf_counter()
+    soc = soc or DEFAULT_SOC
+    _check_options(backend, precision_mode, input_format, timeout, soc)
+    src = Path(model)
+    say = progress or (lambda stage, fraction=None: None)
+
+    say("loading model", None)
+    loaded = load_model(src, input_shapes=input_shapes, dynamic_batch=dynamic_batch, dynamic_dims=dynamic_dims)
+    say("checking op support", None)
+    support = check_support(loaded, soc, precision_mode=precision_mode)
+    support.raise_if_unsupported(src.name)
+
+    chosen, reason, atc_exe = _choose_backend(backend, atc)
+    if output is None:
+        out = src.with_suffix(".om" if chosen == "atc" else ".bundle")
+    else:
+        out = Path(output)
+    _check_output(out)
+    if report is not None:
+        _check_output(Path(report))
+    dynamic = {"mode": loaded.dynamic_mode,
+               "gears": [{k: list(v) for k, v in g.items()} for g in loaded.gears]}
+    support_d = {"verdict": support.verdict(), "counts": support.counts(),
+                 "ai_cpu_nodes": [n.name for n in support.nodes if n.engine == "AI CPU" and not n.folded]}
+    mode = precision_mode or "force_fp16"
+
+    if chosen == "atc":
+        atc_d, om_path = _run_atc(loaded, out, soc=soc, atc_exe=atc_exe, input_format=input_format,
+                                  dynamic_batch=dynamic_batch, precision_mode=precision_mode,
+                                  keep_dtype=keep_dtype, enable_small_channel=enable_small_channel,
+                                  atc_args=atc_args, timeout=timeout, say=say)
+        result = ConvertResult(str(src), om_path, "atc", reason, soc, mode, dynamic, support_d, None, atc_d,
+                               time.perf_counter() - t0)
+    else:
+        from npu_deploy.converters.planner import plan
+
+        say("planning formats, TransData, memory", None)
+        p = plan(loaded, soc=soc, precision_mode=mode, keep_dtype=keep_dtype or (),
+                 enable_small_channel=enable_small_channel, input_format=input_format, support=support)
+        write_plan_bundle(out, loaded, p, input_format=input_format, support=support, progress=say)
+        result = ConvertResult(str(src), str(out), "builtin", reason, soc, mode, dynamic, support_d,
+                               p.report.to_dict(), None, time.perf_counter() - t0)
+    if report is not None:
+        result.to_json(report)
+    return result
+
+
+def _run_atc(loaded, out: Path, *, soc, atc_exe, input_format, dynamic_batch, precision_mode, keep_dtype,
+             enable_small_channel, atc_args, timeout, say) -> tuple[dict, str]:
+    from npu_deploy.converters import atc as atcmod
+
+    shapes = {i.name: tuple(i.shape) for i in loaded.inputs}
+    extra = list(atc_args or ())
+    if enable_small_channel and not any(a.startswith("--enable_small_channel") for a in extra):
+        extra.append("--enable_small_channel=1")
+    kwargs: dict[str, Any] = {"input_shapes": shapes, "precision_mode": precision_mode, "extra_args": extra}
+    if input_format is not None:
+        kwargs["input_format"] = input_format
+    if keep_dtype:
+        kwargs["keep_dtype"] = list(keep_dtype)
+    if loaded.dynamic_mode == "batch":
+        kwargs["dynamic_batch"] = [g[next(iter(g))][0] for g in loaded.gears] if dynamic_batch is None \
+            else list(dynamic_batch)
+    elif loaded.dynamic_mode == "dims":
+        slots = [(n, k) for n, s in shapes.items() for k, d in enumerate(s) if d < 0]
+        kwargs["dynamic_dims"] = [[g[n][k] for n, k in slots] for g in loaded.gears]
+    start = time.perf_counter()
+    res = atcmod.atc_convert(loaded.path, out, soc=soc, atc=atc_exe, timeout=timeout,
+                             on_line=lambda line, s: say(f"atc: {line}", None),
+                             on_tick=lambda s: say(f"atc running ({s:.0f} s)", None), **kwargs)
+    d = res.to_dict() if hasattr(res, "to_dict") else {}
+    d.setdefault("elapsed_s", time.perf_counter() - start)
+    return d, str(getattr(res, "om_path", out))
+
+
+# ------------------------------------------------------------------------------------------------
+# Bundle writing (built-in backend)
+# ------------------------------------------------------------------------------------------------
+
+def write_plan_bundle(path: str | os.PathLike, loaded, p, *, input_format: str | None = None, support=None,
+                      progress: Callable[[str, float | None], None] | None = None) -> None:
+    """Write the offline bundle of a planned model: manifest, lowered graph, and the weight blob
+    (pre-packed weights in their device format, other initializers as ND), streamed one at a time."""
+    from npu_deploy.converters import bundle
+
+    say = progress or (lambda stage, fraction=None: None)
+    entries, moved, removed_nodes = _weight_entries(loaded, p, say)
+    graph = lowered_graph(loaded, moved, removed_nodes)
+    manifest = build_manifest(loaded, p, input_format=input_format, support=support)
+    bundle.write_bundle(path, manifest, graph, entries)
+
+
+def _weight_entries(loaded, p, say) -> tuple[Iterator, set[str], set[str]]:
+    from npu_deploy.converters import bundle, formats
+
+    packed = {w.name: w for w in p.weights}
+    moved: set[str] = set()
+    removed_nodes: set[str] = set()
+    plan_list = []
+    for t in loaded.model.graph.initializer:
+        if t.data_type == onnx.TensorProto.STRING:
+            continue
+        try:
+            bundle.dtype_name(loaded.constants[t.name].dtype)
+        except Exception:
+            continue
+        moved.add(t.name)
+        plan_list.append(t.name)
+    for name, w in packed.items():
+        ref = loaded.constants[name]
+        if ref.kind == "constant_node":
+            moved.add(name)
+            removed_nodes.add(ref.node_name)
+            plan_list.append(name)
+    total = len(plan_list)
+
+    def entries():
+        for k, name in enumerate(plan_list):
+            say(f"writing weights ({k + 1}/{total})", (k + 1) / max(total, 1))
+            w = packed.get(name)
+            ref = loaded.constants[name]
+            if w is None:
+                yield bundle.WeightEntry(name, "ND", ref.shape, _reader(loaded, name, None))
+                continue
+            yield bundle.WeightEntry(name, w.format, w.logical_shape, _packer(loaded, w, formats), c0=w.c0,
+                                     groups=w.groups, origin=w.origin,
+                                     onnx_shape=w.onnx_shape if w.onnx_shape != w.logical_shape else None)
+
+    return entries(), moved, removed_nodes
+
+
+def _reader(loaded, name: str, dtype) -> Callable[[], np.ndarray]:
+    def read() -> np.ndarray:
+        arr = loaded.constant_array(name)
+        return arr if dtype is None else arr.astype(dtype)
+
+    return read
+
+
+def _packer(loaded, w, formats) -> Callable[[], np.ndarray]:
+    def pack() -> np.ndarray:
+        arr = loaded.constant_array(w.name)
+        if arr.dtype != np.dtype(w.dtype):
+            arr = arr.astype(w.dtype)
+        arr = arr.reshape(w.logical_shape)
+        kw: dict[str, Any] = {"groups": w.groups, "origin": w.origin}
+        if w.c0 is not None:
+            kw["c0"] = w.c0
+        return formats.pack(arr, w.format, **kw)
+
+    return pack
+
+
+def lowered_graph(loaded, moved: set[str], removed_nodes: set[str]) -> onnx.ModelProto:
+    """The bundle's graph: the original semantics, dtypes and opset, with the user's shapes applied,
+    without the initializers (and ``Constant`` nodes) that moved to the weight blob. Built field by
+    field so that large inline initializers are never copied."""
+    src = loaded.model
+    m = onnx.ModelProto()
+    m.ir_version = src.ir_version
+    m.producer_name = "npu-deploy"
+    m.producer_version = __version__
+    m.domain = src.domain
+    m.model_version = src.model_version
+    m.doc_string = src.doc_string
+    m.opset_import.extend(src.opset_import)
+    m.metadata_props.extend(src.metadata_props)
+    m.functions.extend(src.functions)
+    g, sg = m.graph, src.graph
+    g.name = sg.name
+    g.doc_string = sg.doc_string
+    g.node.extend(n for n in sg.node if n.name not in removed_nodes)
+    g.input.extend(i for i in sg.input if i.name not in moved)
+    g.output.extend(sg.output)
+    g.value_info.extend(sg.value_info)
+    g.initializer.extend(t for t in sg.initializer if t.name not in moved)
+    g.sparse_initializer.extend(sg.sparse_initializer)
+    return m
+
+
+def _io_entries(loaded, p, infos, input_format: str | None, is_input: bool) -> list[dict]:
+    from npu_deploy.converters.planner import plain_name
+
+    out = []
+    for info in infos:
+        shape = list(info.shape)
+        if not is_input and not loaded.gears and info.name in loaded.shapes:
+            shape = list(loaded.shapes[info.name])
+        full = loaded.shapes.get(info.name, tuple(max(d, 0) for d in shape))
+        fmt = input_format if (is_input and input_format) else plain_name(len(shape))
+        nbytes = int(np.prod(full, dtype=np.int64)) * np.dtype(info.dtype).itemsize
+        out.append({"name": info.name, "shape": shape, "dtype": np.dtype(info.dtype).name, "format": fmt,
+                    "device_format": fmt, "device_shape": list(full), "c0": None, "nbytes": nbytes,
+                    "device_dtype": p.tensor_dtypes.get(info.name, np.dtype(info.dtype).name)})
+    return out
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def build_manifest(loaded, p, *, input_format: str | None = None, support=None) -> dict:
+    """The bundle manifest (keys of ``docs/internals.md``; extra keys documented in ``bundle``)."""
+    cost = p.cost.manifest_summary() if p.cost is not None else {"estimated": True, "soc": p.soc,
+                                                                  "formattrans_share": None, "est_us": {}}
+    return {
+        "producer": "npu-deploy",
+        "producer_version": __version__,
+        "soc": p.soc,
+        "precision_mode": p.precision_mode,
+        "inputs": _io_entries(loaded, p, loaded.inputs, input_format, True),
+        "outputs": _io_entries(loaded, p, loaded.outputs, None, False),
+        "dynamic": {"mode": loaded.dynamic_mode,
+                    "gears": [{k: list(v) for k, v in g.items()} for g in loaded.gears]},
+        "memory": p.memory.summary(),
+        "transdata": [t.to_manifest() for t in p.transdata],
+        "transdata_naive_count": len(p.transdata_naive),
+        "transdata_naive": [t.to_manifest() for t in p.transdata_naive],
+        "transdata_naive_bytes": sum(t.bytes for t in p.transdata_naive),
+        "node_formats": {k: v.to_manifest() for k, v in p.node_formats.items()},
+        "tensor_formats": p.tensor_formats,
+        "tensor_dtypes": p.tensor_dtypes,
+        "cost": cost,
+        "plan": {"verdict": p.report.verdict(), "passes": [list(x) for x in p.passes]},
+        "support": None if support is None else {"verdict": support.verdict(), "counts": support.counts()},
+        "source_model": {"name": loaded.path.name, "path": str(loaded.path), "sha256": _sha256(loaded.path),
+                         "opset": loaded.opset, "ir_version": loaded.model.ir_version},
+    }

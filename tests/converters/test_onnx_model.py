@@ -1,0 +1,183 @@
+"""Loading ONNX for conversion: checks, user shapes, gears, lazy weights, and clear errors."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from npu_deploy.converters.onnx_model import load_model
+from npu_deploy.errors import InputError, ModelError
+
+
+def _save(tmp_path, nodes, inputs, outputs, inits=(), opset=17, name="m.onnx", **kw):
+    g = helper.make_graph(nodes, "g", inputs, outputs, list(inits))
+    path = tmp_path / name
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)]), path, **kw)
+    return path
+
+
+def _vi(name, shape, t=TensorProto.FLOAT):
+    return helper.make_tensor_value_info(name, t, shape)
+
+
+@pytest.fixture
+def dyn_model(tmp_path):
+    w = numpy_helper.from_array(np.arange(12, dtype=np.float32).reshape(4, 3), "w")
+    return _save(tmp_path, [helper.make_node("MatMul", ["x", "w"], ["y"]), helper.make_node("Relu", ["y"], ["z"])],
+                 [_vi("x", ["N", "S", 4])], [_vi("z", ["N", "S", 3])], [w])
+
+
+def test_fixed_shapes_and_node_names(dyn_model):
+    m = load_model(dyn_model, input_shapes={"x": (2, 5, 4)})
+    assert m.inputs[0].shape == (2, 5, 4) and m.inputs[0].dim_names == ("N", "S", None)
+    assert m.shapes["y"] == (2, 5, 3) and m.shapes["z"] == (2, 5, 3)
+    assert m.dtypes["z"] == np.float32
+    assert m.gears == [] and m.dynamic_mode is None
+    # unnamed nodes get unique names
+    names = [n.name for n in m.graph.node]
+    assert names == ["MatMul_0", "Relu_1"]
+    np.testing.assert_array_equal(m.constant_array("w"), np.arange(12, dtype=np.float32).reshape(4, 3))
+
+
+def test_dynamic_batch_gears(dyn_model):
+    m = load_model(dyn_model, input_shapes={"x": (-1, 5, 4)}, dynamic_batch=[1, 4, 8])
+    assert m.dynamic_mode == "batch"
+    assert m.gears == [{"x": (1, 5, 4)}, {"x": (4, 5, 4)}, {"x": (8, 5, 4)}]
+    assert m.shapes["z"] == (8, 5, 3)  # sizes at the largest gear
+    assert m.inputs[0].shape == (-1, 5, 4)
+    # the kept model leaves the gear dimension symbolic
+    dim0 = m.graph.input[0].type.tensor_type.shape.dim[0]
+    assert not dim0.HasField("dim_value") and dim0.dim_param == "N"
+
+
+def test_dynamic_dims_gears(dyn_model):
+    m = load_model(dyn_model, input_shapes={"x": (1, -1, 4)}, dynamic_dims="16;32")
+    assert m.dynamic_mode == "dims" and m.gears == [{"x": (1, 16, 4)}, {"x": (1, 32, 4)}]
+    with pytest.raises(InputError, match="has 2 values"):
+        load_model(dyn_model, input_shapes={"x": (1, -1, 4)}, dynamic_dims="16,2")
+    with pytest.raises(InputError, match="cannot be used together"):
+        load_model(dyn_model, input_shapes={"x": (-1, -1, 4)}, dynamic_dims="1,2", dynamic_batch=[1, 2])
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    ({}, r"input 'x' .* dynamic dimensions \[N,S,4\]"),
+    ({"input_shapes": {"q": (1, 2, 4)}}, "names 'q', which is not an input"),
+    ({"input_shapes": {"x": (1, 2)}}, "has rank 2, but input 'x' has rank 3"),
+    ({"input_shapes": {"x": (1, 2, 5)}}, "dimension 2 is 5, but the model fixes it to 4"),
+    ({"input_shapes": {"x": (-1, -1, 4)}, "dynamic_batch": [1, 2]}, "besides the batch"),
+    ({"input_shapes": {"x": (2, 3, 4)}, "dynamic_batch": [1, 2]}, "no input has a dynamic batch"),
+    ({"input_shapes": {"x": (-1, 3, 4)}, "dynamic_batch": [2, 2]}, "distinct positive"),
+])
+def test_shape_errors(dyn_model, kwargs, match):
+    with pytest.raises(InputError, match=match):  # ModelError is an InputError: exit 2 either way
+        load_model(dyn_model, **kwargs)
+
+
+def test_error_messages_are_one_line(dyn_model):
+    with pytest.raises(ModelError) as e:
+        load_model(dyn_model)
+    assert "\n" not in str(e.value) and "--input-shape" in str(e.value)
+
+
+def test_not_onnx(tmp_path):
+    missing = tmp_path / "nope.onnx"
+    with pytest.raises(ModelError, match="no such file"):
+        load_model(missing)
+    rnd = tmp_path / "random.onnx"
+    rnd.write_bytes(np.random.default_rng(3).bytes(5000))
+    with pytest.raises(ModelError, match="not an ONNX model"):
+        load_model(rnd)
+    with pytest.raises(ModelError, match="is a folder"):
+        load_model(tmp_path)
+
+
+def test_truncated_protobuf(tmp_path, dyn_model):
+    data = dyn_model.read_bytes()
+    for cut in (len(data) // 2, len(data) - 3, 7):
+        p = tmp_path / f"t{cut}.onnx"
+        p.write_bytes(data[:cut])
+        with pytest.raises(ModelError, match="not an ONNX model|invalid ONNX model|dangling|not produced"):
+            load_model(p)
+
+
+def test_external_data_streamed_and_checked(tmp_path):
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((64, 32)).astype(np.float32)
+    path = _save(tmp_path, [helper.make_node("MatMul", ["x", "w"], ["y"])], [_vi("x", [2, 64])], [_vi("y", [2, 32])],
+                 [numpy_helper.from_array(w, "w")], save_as_external_data=True, all_tensors_to_one_file=True,
+                 location="weights.bin", size_threshold=0)
+    m = load_model(path)
+    assert m.constants["w"].external
+    # the protobuf holds no weight bytes: they are read on demand
+    assert not m.graph.initializer[0].raw_data
+    np.testing.assert_array_equal(m.constant_array("w"), w)
+    data = tmp_path / "weights.bin"
+    blob = data.read_bytes()
+    data.write_bytes(blob[:100])
+    with pytest.raises(ModelError, match="too short"):
+        load_model(path)
+    data.unlink()
+    with pytest.raises(ModelError, match="external data file 'weights.bin' of tensor 'w' is missing"):
+        load_model(path)
+
+
+def test_external_data_outside_folder_refused(tmp_path):
+    t = numpy_helper.from_array(np.zeros((2, 2), np.float32), "w")
+    t.data_location = TensorProto.EXTERNAL
+    t.ClearField("raw_data")
+    for k, v in (("location", "../../etc/passwd"), ("offset", "0"), ("length", "16")):
+        e = t.external_data.add()
+        e.key, e.value = k, v
+    path = _save(tmp_path, [helper.make_node("Add", ["x", "w"], ["y"])], [_vi("x", [2, 2])], [_vi("y", [2, 2])], [t])
+    with pytest.raises(ModelError, match="outside the model's folder"):
+        load_model(path)
+
+
+def test_cycle_and_dangling(tmp_path):
+    cyc = _save(tmp_path, [helper.make_node("Relu", ["b"], ["a"], name="r1"),
+                           helper.make_node("Relu", ["a"], ["b"], name="r2")],
+                [_vi("x", [2])], [_vi("b", [2])], name="cyc.onnx")
+    with pytest.raises(ModelError, match="cycle through node.s. r1, r2"):
+        load_model(cyc)
+    dang = _save(tmp_path, [helper.make_node("Add", ["x", "ghost"], ["y"], name="add")],
+                 [_vi("x", [2])], [_vi("y", [2])], name="dang.onnx")
+    with pytest.raises(ModelError, match="node 'add' reads 'ghost'.*dangling"):
+        load_model(dang)
+
+
+def test_checker_rejects_bad_attribute(tmp_path):
+    # a declared output shape that contradicts the op: onnx.checker's full check catches it
+    w = numpy_helper.from_array(np.zeros((4, 3, 3, 3), np.float32), "w")
+    path = _save(tmp_path, [helper.make_node("Conv", ["x", "w"], ["y"])],
+                 [_vi("x", [1, 3, 8, 8])], [_vi("y", [1, 4, 9, 9])], [w])
+    with pytest.raises(ModelError, match="invalid ONNX model"):
+        load_model(path)
+
+
+def test_constant_nodes_are_constants(tmp_path):
+    c = helper.make_node("Constant", [], ["k"], name="const_k",
+                         value=numpy_helper.from_array(np.full((2,), 3.0, np.float32)))
+    path = _save(tmp_path, [c, helper.make_node("Mul", ["x", "k"], ["y"], name="mul")],
+                 [_vi("x", [2])], [_vi("y", [2])])
+    m = load_model(path)
+    assert m.constants["k"].kind == "constant_node" and m.constants["k"].node_name == "const_k"
+    np.testing.assert_array_equal(m.constant_array("k"), [3.0, 3.0])
+
+
+@pytest.mark.realmodel
+def test_value_dependent_shapes_resolved(real_model):
+    # PP-OCR rec computes Reshape targets with Shape/Slice/Concat: ONNX inference leaves them unknown,
+    # the loader resolves every tensor; the oracle is onnxruntime run on the same input
+    import onnxruntime as ort
+
+    path = real_model("ppocr_rec")
+    m = load_model(path, input_shapes={"x": (1, 3, 48, 320)})
+    outs = [o for n in m.graph.node for o in n.output if o]
+    assert all(o in m.shapes for o in outs)
+    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    y = sess.run(None, {"x": np.zeros((1, 3, 48, 320), np.float32)})[0]
+    assert m.shapes[sess.get_outputs()[0].name] == y.shape

@@ -1,0 +1,83 @@
+"""Terminal text and self-contained HTML rendering."""
+
+from __future__ import annotations
+
+import html.parser
+
+import pytest
+
+from npu_deploy.profiling.analyze import analyze_profile
+from npu_deploy.profiling.report import fmt_us, render_html, render_text, write_html
+from tests.profiling.helpers import flagged_rows, op, td, write_csv
+
+EVIL = '<script>alert("x")</script>&<img src=http://evil/x.png onerror=1>'
+
+
+@pytest.fixture
+def report(tmp_path):
+    rows = flagged_rows() + [td(EVIL, "NCHW", "NC1HWC0", "1,64,56,56", "1,4,56,56,16", "1.000"),
+                             op(EVIL + "_next", "Add", "AI_VECTOR_CORE", "1.000")]
+    return analyze_profile(write_csv(tmp_path / "op_summary_0_1.csv", rows))
+
+
+def test_text_verdict_first_then_tables(report):
+    text = render_text(report)
+    lines = text.splitlines()
+    assert lines[0] == report.verdict() and "FLAGGED" in lines[0]
+    assert "Conversion kinds" in text and "Top conversion instances" in text and "Round trips" in text
+    assert "FRACTAL_NZ→ND→FRACTAL_NZ" in text and "Suggestions" in text
+    kinds = text[text.index("Conversion kinds"):text.index("Top conversion instances")]
+    assert "NCHW→NC1HWC0" in kinds and "FRACTAL_NZ→ND" in kinds
+
+
+class _Collector(html.parser.HTMLParser):
+    def __init__(self):
+        super().__init__()
+        self.tags = []
+        self.attrs = []
+        self.text = []
+
+    def handle_starttag(self, tag, attrs):
+        self.tags.append(tag)
+        self.attrs.extend(attrs)
+
+    def handle_data(self, data):
+        self.text.append(data)
+
+
+def test_html_self_contained_and_escaped(report, tmp_path):
+    out = tmp_path / "r.html"
+    write_html(report, out)
+    doc = out.read_text(encoding="utf-8")
+    c = _Collector()
+    c.feed(doc)
+    assert "script" not in c.tags and "img" not in c.tags       # the profile's strings stay text
+    assert EVIL in "".join(c.text)                               # …and are shown, unescaped for the reader
+    # nothing loaded from elsewhere: no src/href attributes, no CSS imports or urls
+    assert not any(k in ("src", "href") for k, _ in c.attrs) and "link" not in c.tags
+    assert "url(" not in doc and "@import" not in doc
+    assert "<style>" in doc
+    text = "".join(c.text)
+    assert report.verdict() in text
+    for needle in ("Device time by op type", "Conversion kinds", "Round trips", "Suggestions",
+                   "threshold 8 %", "FRACTAL_NZ→ND→FRACTAL_NZ", "Keep FRACTAL_NZ between MatMuls"):
+        assert needle in text, needle
+    assert "class='bar format'" in doc                          # FormatTrans highlighted in the chart
+
+
+def test_html_not_left_half_written(report, tmp_path, monkeypatch):
+    import npu_deploy.profiling.report as rep
+
+    out = tmp_path / "r.html"
+
+    def boom(r, **kw):
+        raise RuntimeError("render failed")
+
+    monkeypatch.setattr(rep, "render_html", boom)
+    with pytest.raises(RuntimeError):
+        write_html(report, out)
+    assert not out.exists() and list(tmp_path.iterdir()) == [tmp_path / "op_summary_0_1.csv"]
+
+
+def test_fmt_us():
+    assert fmt_us(12.345) == "12.3 µs" and fmt_us(1234.5) == "1.23 ms" and fmt_us(2.5e6) == "2.50 s"
