@@ -6,7 +6,8 @@ Measures, in one process and one run (no timing assertions anywhere; figures go 
 1. Latency ratio emulator / onnxruntime for MiniLM-L3 (seq 128, batch 1) and PP-OCRv4 det (1×3×640×640),
    converted with the built-in backend. The two are run alternately (ABAB…) so that machine noise hits
    both alike; the target is ratio of medians ≤ 1.15.
-2. Memory: RSS growth over 10,000 emulator runs (psutil), sampled after a warm-up.
+2. Memory: RSS growth over 10,000 emulator runs of PP-OCR cls (and 1,000 of MiniLM), psutil,
+   sampled after a warm-up.
 3. Threads: one session shared by 8 threads, each thread's outputs compared bit for bit with the
    single-thread outputs for the same input.
 
@@ -97,7 +98,7 @@ def memory_growth(bundle: Path, feeds: dict, runs: int) -> dict:
 
     proc = psutil.Process()
     with InferenceSession(bundle) as sess:
-        for _ in range(min(500, runs // 10)):
+        for _ in range(max(1, min(500, runs // 10))):
             sess.run(None, feeds)
         rss0 = proc.memory_info().rss
         samples = []
@@ -153,9 +154,13 @@ def main() -> None:
             rows.append((label, r))
             print(f"{label}: emulator {r['emu_ms']:.2f} ms, onnxruntime {r['ort_ms']:.2f} ms, "
                   f"ratio {r['ratio']:.3f}", flush=True)
+        cls_shapes = {"x": (1, 3, 48, 192)}
+        cls_bundle = convert(real_model_path("ppocr_cls"), cls_shapes, Path(d) / "cls.bundle", args.precision)
+        mem = memory_growth(cls_bundle, feeds_for(cls_shapes), args.mem_runs)
+        print(f"memory (cls): {mem}", flush=True)
         b, _, shapes = bundles["MiniLM-L3 seq128 b1"]
-        mem = memory_growth(b, feeds_for(shapes), args.mem_runs)
-        print(f"memory: {mem}", flush=True)
+        mem2 = memory_growth(b, feeds_for(shapes), args.mem_runs // 10)
+        print(f"memory (minilm): {mem2}", flush=True)
         thr = threads_identical(b, shapes)
         print(f"threads: {thr}", flush=True)
         b2, _, shapes2 = bundles["PP-OCRv4 det 640x640 b1"]
@@ -173,9 +178,13 @@ def main() -> None:
         ok = "met" if r["ratio"] <= 1.15 else "**missed**"
         lines.append(f"| {label} | {r['ort_ms']:.2f} | {r['emu_ms']:.2f} | {r['ratio']:.3f} | "
                      f"{r['h2d_ms']:.3f} / {r['compute_ms']:.2f} / {r['d2h_ms']:.3f} | ≤ 1.15: {ok} |")
-    lines += ["", f"Memory (MiniLM, one session, {mem['runs']:,} runs after warm-up, {mem['seconds']:.0f} s): "
-              f"RSS {mem['rss_start_mb']:.1f} MB → {mem['rss_end_mb']:.1f} MB "
-              f"(growth {mem['growth_mb']:+.1f} MB, peak sample {mem['max_mb']:.1f} MB).", "",
+    lines += ["", "Memory, one session, RSS (psutil) after a warm-up and at every tenth of the runs:", "",
+              f"- PP-OCR cls 1×3×48×192, {mem['runs']:,} runs ({mem['seconds']:.0f} s): "
+              f"{mem['rss_start_mb']:.1f} MB → {mem['rss_end_mb']:.1f} MB (growth {mem['growth_mb']:+.1f} MB, "
+              f"highest sample {mem['max_mb']:.1f} MB).",
+              f"- MiniLM seq 128, {mem2['runs']:,} runs ({mem2['seconds']:.0f} s): "
+              f"{mem2['rss_start_mb']:.1f} MB → {mem2['rss_end_mb']:.1f} MB (growth {mem2['growth_mb']:+.1f} MB, "
+              f"highest sample {mem2['max_mb']:.1f} MB).", "",
               f"Threads: one session shared by {thr['threads']} threads, {thr['runs']} MiniLM runs, "
               f"{thr['mismatches']} outputs differing bit-for-bit from the single-thread result; "
               f"PP-OCR det: {thr2['runs']} runs, {thr2['mismatches']} differing. Runs are serialised by the "

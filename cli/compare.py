@@ -54,15 +54,13 @@ def command(ctx, reference, target, atol, rtol, cosine_min, inputs, seed, input_
         if load_inputs:
             feeds = load_npz(load_inputs)
         elif inputs:
-            metas = sess.get_inputs()
-            given = build_feeds([m for m in metas], inputs, None, "zero", shapes, None, seed)
             from npu_deploy.runtime.compare import generate_inputs
 
-            # inputs not given on the command line are generated from the seed, not zeros
-            named = {p.split("=", 1)[0] for p in inputs if "=" in p}
-            generated = generate_inputs([m for m in metas if m.name not in named], seed=seed, shapes=shapes)
-            feeds = {m.name: (given[m.name] if m.name in named or m.name not in generated
-                              else generated[m.name]) for m in metas}
+            metas = sess.get_inputs()
+            given = build_feeds(metas, inputs, None, None, shapes, None, seed)
+            # inputs not given on the command line are generated from the seed
+            feeds = {**generate_inputs([m for m in metas if m.name not in given], seed=seed, shapes=shapes),
+                     **given}
         res = compare(reference, sess, inputs=feeds, seed=seed, input_shapes=shapes, atol=atol, rtol=rtol,
                       cosine_min=cosine_min, output_names=list(output_names) or None,
                       save_inputs_to=save_inputs)

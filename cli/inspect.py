@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import click
 
-from npu_deploy.cli.options import parse_input_shapes, parse_int_list, soc_option
+from npu_deploy.cli.options import parse_input_shapes, parse_int_list
 
 
 @click.command("inspect", context_settings={"help_option_names": ["-h", "--help"]})
@@ -17,7 +17,9 @@ from npu_deploy.cli.options import parse_input_shapes, parse_int_list, soc_optio
               help="Also write the report as JSON (schema npu-deploy/inspect v1).")
 @click.option("--ops", is_flag=True, help="List every node/op (with --soc: its CANN op and engine).")
 @click.option("--layers", is_flag=True, help="Show the formats on every node/op's inputs and outputs.")
-@soc_option
+@click.option("--soc", default=None, metavar="SOC",
+              help="ONNX only: check op support and plan layouts for this SoC (ATC --soc_version, "
+                   "e.g. Ascend310P3).")
 @click.option("--precision-mode", default=None, help="With --soc: ATC precision mode for the plan.")
 @click.option("--input-shape", default=None, metavar="NAME:DIMS;...",
               help="With --soc: fix dynamic input dimensions (ATC --input_shape syntax).")
@@ -27,7 +29,9 @@ from npu_deploy.cli.options import parse_input_shapes, parse_int_list, soc_optio
 def command(ctx, file, json_path, ops, layers, soc, precision_mode, input_shape, dynamic_batch, no_verify):
     """Show what FILE holds: inputs/outputs, dtypes, shapes and gears, ops, and where layouts change.
 
-    FILE may be an ONNX model, an npu-deploy offline bundle or an ATC .om (no CANN needed).
+    FILE may be an ONNX model, an npu-deploy offline bundle or an ATC .om (no CANN needed); the kind
+    is told by the file's content. Exit 0 when it reads cleanly, 1 when an integrity check fails,
+    2 when it cannot be read.
     """
     from npu_deploy.converters.inspect import inspect, render_text
 

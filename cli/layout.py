@@ -6,7 +6,6 @@ Thin over :mod:`npu_deploy.converters.formats`: parse options, call the API, pri
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import click
@@ -177,11 +176,12 @@ def convert(in_path, out_path, src, dst, shape_text, dtype_text, c0, groups, ori
     sf, df = formats.get_format(src), formats.get_format(dst)
     for f in (sf, df):
         if not f.packable:
-            formats.storage_shape(f, (1,), "float16")  # raises the clear "decoding only" error
+            raise FormatError(f"{f.name} (ge {f.ge}) is known for decoding only; npu-deploy cannot lay it "
+                              f"out: {f.note}", hint="use one of the formats `npu-deploy layout info` accepts")
     dtype = formats.normalize_dtype(dtype_text) if dtype_text else None
     shape = _shape(shape_text)
     if origin is None:
-        origin = formats._default_transdata_origin(sf, df)
+        origin = formats.transdata_origin(sf, df)
     # C0 of IN when it is a flat raw dump (a storage-shaped .npy carries its own C0)
     in_c0 = src_c0 if src_c0 is not None else (c0 if sf.blocked and not df.blocked else None)
     expected = None

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from npu_deploy.cli.options import parse_input_shapes
+from npu_deploy.cli.options import apply, parse_input_shapes
 
 _CTX = {"help_option_names": ["-h", "--help"]}
 
@@ -12,7 +12,7 @@ _analysis_options = [
     click.option("--threshold", type=click.FloatRange(0, 100), default=8.0, show_default=True,
                  help="Flag when FormatTrans exceeds this % of device compute time."),
     click.option("--include-transpose/--no-include-transpose", default=True, show_default=True,
-                 help="Count Transpose/TransposeD/ConfusionTransposeD in the flagged FormatTrans total."),
+                 help="Count Transpose, TransposeD and ConfusionTransposeD in the flagged total."),
     click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None,
                  help="Write the full report as JSON (schema npu-deploy/profile-report v1)."),
     click.option("--html", "html_path", type=click.Path(dir_okay=False), default=None,
@@ -21,14 +21,6 @@ _analysis_options = [
     click.option("--top", type=click.IntRange(1, 1000), default=10, show_default=True,
                  help="Rows in the terminal tables."),
 ]
-
-
-def _apply(options):
-    def deco(f):
-        for opt in reversed(options):
-            f = opt(f)
-        return f
-    return deco
 
 
 @click.group("profile", context_settings=_CTX)
@@ -63,7 +55,7 @@ def _finish(ctx: click.Context, report, json_path, html_path, fail_on_flag, top)
 
 @command.command("analyze", context_settings=_CTX)
 @click.argument("path", type=click.Path())
-@_apply(_analysis_options)
+@apply(_analysis_options)
 @click.pass_context
 def analyze(ctx, path, threshold, include_transpose, json_path, html_path, fail_on_flag, top):
     """Analyse what msprof / torch_npu / MindSpore wrote under PATH.
@@ -91,7 +83,7 @@ def analyze(ctx, path, threshold, include_transpose, json_path, html_path, fail_
 @click.option("--msprof/--emulator", "use_msprof", default=None,
               help="Force msprof (an Ascend host) or the emulator's estimated profile (default: msprof when on PATH).")
 @click.option("--timeout", type=float, default=None, help="Seconds to allow msprof.")
-@_apply(_analysis_options)
+@apply(_analysis_options)
 @click.pass_context
 def run(ctx, model, run_args, output_dir, input_shape, loops, use_msprof, timeout, threshold,
         include_transpose, json_path, html_path, fail_on_flag, top):
@@ -103,9 +95,9 @@ def run(ctx, model, run_args, output_dir, input_shape, loops, use_msprof, timeou
     """
     from npu_deploy.profiling.run import profile_model
 
-    shapes = parse_input_shapes(input_shape)
     import shutil
 
+    shapes = parse_input_shapes(input_shape)
     will_msprof = use_msprof if use_msprof is not None else shutil.which("msprof") is not None
     if run_args and not will_msprof:
         click.echo(f"npu-deploy: warning: ignoring {' '.join(run_args)}: arguments after -- go to "

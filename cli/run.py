@@ -81,7 +81,8 @@ def resolve_shape(meta, shapes: dict, batch: int | None) -> tuple[int, ...]:
 def build_feeds(metas, inputs: tuple[str, ...], input_dir: str | None, pure_data: str, shapes: dict,
                 batch: int | None, seed: int = 0) -> dict[str, np.ndarray]:
     """Feeds from ``--input`` (``NAME=FILE`` or files in input order, comma-separated like ais_bench),
-    ``--input-dir`` (``<name>.npy`` / ``<name>.bin``), else generated (``--pure-data``)."""
+    ``--input-dir`` (``<name>.npy`` / ``<name>.bin``), else generated (``--pure-data`` ``"zero"`` or
+    ``"random"``; ``None`` returns only the given ones)."""
     by_name = {m.name: m for m in metas}
     feeds: dict[str, np.ndarray] = {}
     positional: list[str] = []
@@ -119,6 +120,8 @@ def build_feeds(metas, inputs: tuple[str, ...], input_dir: str | None, pure_data
                     break
             else:
                 raise InputError(f"--input-dir {d}: no {safe}.npy or {safe}.bin for input {m.name!r}")
+    if pure_data is None:  # only what was given
+        return feeds
     rng = np.random.default_rng(seed)
     for m in metas:
         if m.name in feeds:
@@ -225,8 +228,9 @@ def command(ctx, model, inputs, input_dir, pure_data, loop, warmup, batch_size, 
         click.echo(f"model: {model}  backend: {sess.backend_name}")
         for n, a in feeds.items():
             click.echo(f"  input  {n}: {a.dtype.name} {tuple(a.shape)}")
-        if sizes and sess.backend_name == "emulator":
-            click.echo("  note: --output-size is ignored on the emulator (outputs are sized by the model)")
+        if sizes:
+            click.echo("  note: --output-size is not needed here and is ignored: outputs are sized from the "
+                       "model (static or gear shapes)")
         show_bar = loop >= 50
         if show_bar:
             with click.progressbar(length=loop, label="running", file=sys.stderr) as bar:

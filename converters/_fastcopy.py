@@ -11,8 +11,8 @@ innermost axis is short (C0 = 16 elements): numpy then runs a 16-element inner l
    wide unsigned integer instead of C0 small ones;
 3. when the destination's innermost axis is still short, loop over it in Python so that numpy's inner
    loop runs along a long axis instead;
-4. cut the work into cache-sized tasks along the outer axes and, for large copies, hand them to a
-   small thread pool (numpy releases the GIL while it copies).
+4. cut the work into cache-sized tasks along the outer axes and, for large copies on a machine with
+   an idle core, hand them to a small thread pool (numpy releases the GIL while it copies).
 
 It never allocates anything of the array's size. Set ``NPU_DEPLOY_FASTCOPY=0`` to disable it (every
 copy is then a plain ``dst[...] = src``) and ``NPU_DEPLOY_THREADS=N`` to cap the threads.
@@ -49,10 +49,22 @@ def _threads() -> int:
     return max(1, min(n, 8))
 
 
+def _spare_cores(n: int) -> bool:
+    """True when the machine has an idle core for a second thread. On a busy machine a helper
+    thread waits for a CPU and the copy ends when the slowest task does: measured slower than one
+    thread (benchmarks/README-formats.md)."""
+    if os.environ.get("NPU_DEPLOY_THREADS", "").strip().isdigit():
+        return True  # the user asked for a thread count: honour it
+    try:
+        return os.getloadavg()[0] + 1.0 <= n
+    except (AttributeError, OSError):
+        return True
+
+
 def _get_pool() -> ThreadPoolExecutor | None:
     global _pool
     n = _threads()
-    if n <= 1:
+    if n <= 1 or not _spare_cores(n):
         return None
     with _pool_lock:
         if _pool is None:
@@ -147,9 +159,10 @@ def _tasks(shape, target_elems: int):
 
 
 _TAKE_ROWS = 16             # destination rows per np.take call in the gather strategy
+_TAKE_INDEX = 1 << 16       # entries per cached index tile
 
 
-@lru_cache(maxsize=32)
+@lru_cache(maxsize=8)
 def _take_index(rows: int, cols: int, row_step: int, col_step: int) -> np.ndarray:
     """idx[r, c] = r·row_step + c·col_step (read-only, cached: reused by every tile of a copy)."""
     idx = (np.arange(rows, dtype=np.intp)[:, None] * row_step
@@ -171,11 +184,20 @@ def _gather_units(dst: np.ndarray, src: np.ndarray, shape, ds, ss, unit: int) ->
     span = (rows - 1) * rs + (cols - 1) * cs + 1
     src_units = _reinterpret(src, void, (span,), (unit,))
     dst_units = _reinterpret(dst, void, (rows, cols), (unit * cols, unit))
-    tile = max(1, min(rows, _TAKE_ROWS))
-    idx = _take_index(tile, cols, rs, cs)
-    for r0 in range(0, rows, tile):
-        r1 = min(rows, r0 + tile)
-        np.take(src_units[r0 * rs:], idx[: r1 - r0], out=dst_units[r0:r1], mode="clip")
+    # index tiles of at most _TAKE_INDEX entries (512 KiB), cached and reused by every tile
+    if cols <= _TAKE_INDEX:
+        tile = max(1, min(rows, _TAKE_ROWS, _TAKE_INDEX // cols))
+        idx = _take_index(tile, cols, rs, cs)
+        for r0 in range(0, rows, tile):
+            r1 = min(rows, r0 + tile)
+            # every index is in range; "wrap" is the cheapest mode that skips numpy's bounds error path
+            np.take(src_units[r0 * rs:], idx[: r1 - r0], out=dst_units[r0:r1], mode="wrap")
+    else:
+        idx = _take_index(1, _TAKE_INDEX, rs, cs)[0]
+        for r in range(rows):
+            for c0 in range(0, cols, _TAKE_INDEX):
+                c1 = min(cols, c0 + _TAKE_INDEX)
+                np.take(src_units[r * rs + c0 * cs:], idx[: c1 - c0], out=dst_units[r, c0:c1], mode="wrap")
     return True
 
 

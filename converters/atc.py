@@ -537,14 +537,13 @@ def _model_of(argv: Sequence[str]) -> str:
     return "the model"
 
 
-def _find_om(output: str, started: float) -> str | None:
+def _find_om(output: str) -> str | None:
     exact = output + ".om"
     if os.path.isfile(exact):
         return exact
-    # ATC may write <output>_<os>_<arch>.om (§1.2 --output); take the newest written by this run
-    cands = [p for p in glob.glob(glob.escape(output) + "*.om") if os.path.isfile(p)]
-    cands = [p for p in cands if os.path.getmtime(p) >= started - 1.0] or cands
-    return max(cands, key=os.path.getmtime) if cands else None
+    # ATC may write <output>_<os>_<arch>.om (§1.2 --output)
+    cands = sorted(p for p in glob.glob(glob.escape(output) + "*.om") if os.path.isfile(p))
+    return cands[0] if cands else None
 
 
 def _find_log(log_dir: str, pid: int) -> str | None:
@@ -576,7 +575,10 @@ def _reader(stream, q: "queue.Queue[str | None]") -> None:
     buf = b""
     try:
         while True:
-            chunk = os.read(stream.fileno(), 65536)
+            try:
+                chunk = os.read(stream.fileno(), 65536)
+            except (OSError, ValueError):  # the pipe was closed under us after a kill
+                break
             if not chunk:
                 break
             buf += chunk
@@ -605,6 +607,27 @@ def run_atc(argv: Sequence[str], *, timeout: float | None = None,
     if not argv:
         raise InputError("empty ATC command line")
     output = _output_of(argv)
+    if output is None:
+        raise InputError("ATC command line has no --output=", hint="build it with build_atc_argv")
+    # ATC writes into a private folder next to the destination (same basename, so the model name
+    # in the .om header is the user's); the .om is moved into place only once it checks out.
+    out_dir = os.path.dirname(output) or "."
+    try:
+        stage = tempfile.mkdtemp(prefix=".atc-", dir=out_dir)
+    except OSError as e:
+        raise InputError(f"cannot write into {out_dir}: {e.strerror}",
+                         hint="choose another output folder") from None
+    try:
+        staged = os.path.join(stage, os.path.basename(output))
+        run_argv = [a if not a.startswith("--output=") else f"--output={staged}" for a in argv]
+        return _run_staged(argv, run_argv, output, staged, timeout=timeout, on_line=on_line,
+                           on_tick=on_tick, env=env, cwd=cwd, log_dir=log_dir)
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
+
+
+def _run_staged(argv: list[str], run_argv: list[str], output: str, staged: str, *,
+                timeout: float | None, on_line, on_tick, env, cwd, log_dir) -> AtcResult:
     model = _model_of(argv)
     full_env = dict(os.environ if env is None else env)
     if log_dir is not None:
@@ -615,10 +638,9 @@ def run_atc(argv: Sequence[str], *, timeout: float | None = None,
         log_root = tempfile.mkdtemp(prefix="atc-log-")     # kept: the error message points here
     os.makedirs(log_root, exist_ok=True)
     full_env["ASCEND_PROCESS_LOG_PATH"] = log_root
-    started = time.time()
     t0 = time.monotonic()
     try:
-        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        proc = subprocess.Popen(run_argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, env=full_env, cwd=cwd,
                                 start_new_session=True)
     except FileNotFoundError:
@@ -645,6 +667,13 @@ def run_atc(argv: Sequence[str], *, timeout: float | None = None,
                 if deadline is not None and time.monotonic() >= deadline:
                     _terminate_group(proc)
                     th.join(timeout=2)
+                    while True:  # lines ATC wrote before it was stopped
+                        try:
+                            rest = q.get_nowait()
+                        except queue.Empty:
+                            break
+                        if rest is not None:
+                            lines.append(rest)
                     tail = next((ln for ln in reversed(lines) if ln.strip()), "")
                     raise AtcError(
                         f"ATC did not finish within {timeout:g} s converting {model}; stopped it"
@@ -685,20 +714,21 @@ def run_atc(argv: Sequence[str], *, timeout: float | None = None,
     if rc != 0:
         raise _failure(rc, model, blocks, lines, log_path)
     warnings = sorted({b["code"] for b in blocks if b["code"].startswith("W")})
-    if output is None:
-        raise InputError("ATC command line has no --output=", hint="build it with build_atc_argv")
-    om = _find_om(output, started)
+    om = _find_om(staged)
     if om is None:
         raise AtcError(f"ATC exited 0 but wrote no {output}.om for {model}",
                        returncode=rc, log_path=log_path,
                        hint="check the output folder is writable and see the ATC output")
+    final = os.path.join(os.path.dirname(output) or ".", os.path.basename(om))
     with open(om, "rb") as f:
         magic = f.read(4)
     if magic != OM_MAGIC:
-        raise AtcError(f"ATC exited 0 but {om} does not start with the .om magic IMOD "
-                       f"(found {magic!r})", returncode=rc, log_path=log_path,
+        raise AtcError(f"ATC exited 0 but {final} does not start with the .om magic IMOD "
+                       f"(found {magic!r}); nothing was written",
+                       returncode=rc, log_path=log_path,
                        hint="the file is not an ATC offline model; re-run ATC")
-    return AtcResult(argv=argv, returncode=rc, elapsed_s=elapsed, om_path=om, output=lines,
+    os.replace(om, final)
+    return AtcResult(argv=argv, returncode=rc, elapsed_s=elapsed, om_path=final, output=lines,
                      warnings=warnings, log_path=log_path)
 
 

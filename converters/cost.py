@@ -34,7 +34,8 @@ Public API (used by the planner, the bundle manifest and the emulator's estimate
     op_work(node: onnx.NodeProto, shapes: dict[str, tuple[int, ...]],
             dtypes: dict[str, np.dtype]) -> OpWork
         # shapes/dtypes of every named input/output (initializers included); a missing or dynamic
-        # shape raises InputError naming the node and tensor.
+        # shape raises InputError naming the node and tensor. Gather/Slice-like ops count only the
+        # bytes they select from their data input; unknown ops are vector work moving their bytes.
     op_time_us(work, soc, dtype="float16", engine="AI Core", operand_format=None) -> float
         # dtype is the compute dtype (float16/bfloat16/float32/int8…); engine "AI Core" | "AI CPU";
         # operand_format None|"NZ"|"ND" (cube ops only). >= launch_us for every kernel, 0 for views.
@@ -49,7 +50,8 @@ Public API (used by the planner, the bundle manifest and the emulator's estimate
     estimate_model(model, soc="Ascend310P3", *, input_shapes=None, dtype="float16",
                    soc_profile=None) -> CostReport
         # whole ONNX model (path or ModelProto), every node on AI Core, no TransData; shapes from
-        # onnx shape inference on the fixed input shapes.
+        # onnx shape inference on the fixed input shapes (plus one onnxruntime run for tensors it
+        # leaves open); float tensors counted at the compute dtype (ATC's force_fp16 default).
     model_ops(model, *, input_shapes=None, dtype="float16") -> list[EstimatedOp]
     model_tensor_types(model, *, input_shapes=None) -> (shapes, dtypes)
         # every tensor's static shape/dtype: onnx shape inference, then one onnxruntime run on

@@ -47,6 +47,7 @@ Additions to the contract in ``docs/internals.md``: :data:`GE_FORMATS`, :data:`G
 :data:`ACL_FORMAT_UNDEFINED`, :data:`ACL_DT_UNDEFINED`, :func:`normalize_dtype`, :func:`itemsize`,
 :func:`dtype_bits`, :func:`resolve_c0`, :func:`origin_of`, :func:`offsets` (vectorised offset map),
 :func:`layout_info` (a :class:`LayoutInfo` result, used by ``npu-deploy layout info``),
+:func:`transdata_origin`, ``transdata(..., src_c0=)``, ``unpack`` of a flat (raw dump) array,
 :meth:`Format.describe`, ``Format.packable`` / ``Format.is_plain``, and ``FormatWord.groups``.
 """
 
@@ -56,7 +57,7 @@ import dataclasses
 import math
 import re
 from functools import lru_cache
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -71,7 +72,7 @@ __all__ = [
     "default_c0", "resolve_c0", "origin_of", "normalize_dtype", "itemsize", "dtype_bits",
     "dtype_to_acl", "acl_to_dtype",
     "storage_shape", "nbytes", "padding_overhead", "pack", "unpack", "offset", "offsets", "transdata",
-    "LayoutInfo", "layout_info",
+    "LayoutInfo", "layout_info", "transdata_origin",
 ]
 
 # ------------------------------------------------------------------------------------------------
@@ -359,7 +360,7 @@ def normalize_dtype(dtype: Any) -> np.dtype:
         for prefix in ("ACL_", "DT_"):
             if upper.startswith(prefix):
                 upper = upper[len(prefix):]
-        if upper in ACL_DTYPES and upper not in ("FLOAT8_E8M0",) and text.isupper():
+        if upper in ACL_DTYPES and text.isupper():
             return acl_to_dtype(ACL_DTYPES[upper])
         try:
             return np.dtype(key)
@@ -896,7 +897,7 @@ def _make_plan(f: Format, shape: tuple[int, ...], dt: np.dtype, c0: int | None, 
     if layout.letters == "...":
         if layout.rank is not None and rank != layout.rank:
             raise FormatError(f"{f.name}: expected a {layout.rank}-D shape, got {list(shape)}",
-                              hint=f"give a {layout.rank}-D --shape")
+                              hint=f"give a {layout.rank}-D shape")
         nz_like = any(len(g) > 1 for g in layout.stages[0].lhs)
         if nz_like and rank == 1:
             expanded = (1,) + tuple(shape)  # §4.10: GE treats 1-D as a row [1, n]
@@ -930,7 +931,7 @@ def _make_plan(f: Format, shape: tuple[int, ...], dt: np.dtype, c0: int | None, 
                 expand_pos = tuple(src.index(a) for a in rule[rank])
             else:
                 raise FormatError(f"{f.name}: shape {list(shape)} has rank {rank}; origin {origin} "
-                                  f"needs {len(src)} dims", hint=f"give a {len(src)}-D --shape "
+                                  f"needs {len(src)} dims", hint=f"give a {len(src)}-D shape "
                                   f"in {origin} order")
         perm = tuple(src.index(a) for a in letters)
         letter_shape = tuple(expanded[p] for p in perm)
@@ -1239,7 +1240,7 @@ def _read_c0(p_fmt: Format, phys: np.ndarray, c0: int | None, dtype: np.dtype, k
         got = int(phys.shape[-1])
         if c0 is not None and int(c0) != got:
             raise FormatError(f"{p_fmt.name}: C0 = {c0} was given but the storage shape "
-                              f"{list(phys.shape)} has C0 = {got}", hint="drop --c0 or check the dump")
+                              f"{list(phys.shape)} has C0 = {got}", hint="drop the C0 override or check the dump")
         if p_fmt.c0 is not None and got != p_fmt.c0:
             raise FormatError(f"{p_fmt.name}: storage shape {list(phys.shape)} ends in {got}, "
                               f"but this format's C0 is {p_fmt.c0}")
@@ -1285,7 +1286,7 @@ def unpack(phys: Any, fmt: Any, shape: Sequence[int], *, c0: int | None = None, 
             raise FormatError(f"{f.name}: storage array has shape {list(phys.shape)} "
                               f"({phys.size} elements), but logical shape {list(shape_t)} {phys.dtype.name} "
                               f"needs storage {list(p.storage)} ({math.prod(p.storage)} elements)",
-                              hint="check --shape, --dtype and --c0")
+                              hint="check the logical shape, the dtype and C0")
     if out is None:
         out = np.empty(p.shape, dtype=phys.dtype)
     else:
@@ -1403,13 +1404,20 @@ def transdata(x: Any, src_fmt: Any, dst_fmt: Any, shape: Sequence[int], *, c0: i
     x = _as_array(x)
     sf, df = get_format(src_fmt), get_format(dst_fmt)
     if origin is None:
-        origin = _default_transdata_origin(sf, df)
+        origin = transdata_origin(sf, df)
     logical = unpack(x, sf, shape, c0=src_c0, groups=groups, origin=origin)
     return pack(logical, df, c0=c0, groups=groups, origin=origin, out=out)
 
 
-def _default_transdata_origin(sf: Format, df: Format) -> str | None:
-    for f, other in ((sf, df), (df, sf)):
+def transdata_origin(src_fmt: Any, dst_fmt: Any) -> str | None:
+    """The origin :func:`transdata` uses by default: the plain side's own layout when one side is a
+    labelled plain format (NCHW, NHWC, HWCN, NCDHW, ...), else the blocked side's default origin.
+
+    >>> transdata_origin("NHWC", "NC1HWC0"), transdata_origin("NC1HWC0", "FRACTAL_Z"), transdata_origin("ND", "FRACTAL_NZ")
+    ('NHWC', 'NCHW', 'ND')
+    """
+    sf, df = get_format(src_fmt), get_format(dst_fmt)
+    for f in (sf, df):
         if f.plain and f.name in _ORIGINS and f.name != "ND":
             return f.name
     for f in (df, sf):

@@ -16,7 +16,8 @@ JSON schema ``npu-deploy/inspect``, version 1 (``InspectReport.to_json``). Top l
 * ``schema``, ``schema_version``, ``ok`` (no integrity problem), ``verdict`` (one line)
 * ``path``, ``kind`` (``"onnx"`` | ``"bundle"`` | ``"om"``), ``file_size``
 * ``inputs`` / ``outputs``: lists of ``{name, dtype, shape, format, ...}``; ``shape`` uses -1 for a
-  dynamic dimension (``null`` when the rank is unknown); kind-specific keys: ONNX ``dim_names``;
+  dynamic dimension (``null`` when the rank is unknown); kind-specific keys: ONNX ``dim_names``
+  (``format`` is what ATC assumes for ONNX by default: NCHW for 4-D, NCDHW for 5-D, else ND);
   bundle ``device_format``, ``device_shape``, ``c0``, ``nbytes``; ``.om`` ``format_word``,
   ``origin_format``, ``size`` (device bytes)
 * ``op_count``, ``op_types`` (type → count, most common first)
@@ -35,7 +36,7 @@ JSON schema ``npu-deploy/inspect``, version 1 (``InspectReport.to_json``). Top l
   ``source_model``, ``dynamic`` (``{mode, gears}``), ``memory``, ``transdata_naive_count``,
   ``formattrans_share``, ``weights`` (``{count, bytes}``), ``graph`` (``{nodes, opset}``),
   ``integrity`` (``[{check, ok, detail}]``), ``node_formats`` (with ``layers``)
-* ``om`` (or null): ``variant`` (``"om"``, ``"encrypted"``, ``"PICO"``, ``"OM2"``), ``header`` (all
+* ``om`` (or null): ``variant`` (``"om"``, ``"encrypted"``, ``"PICO"``, ``"ZIP"`` (maybe an OM2)), ``header`` (all
   ModelFileHeader fields), ``partitions`` (``[{model_index, type, type_name, offset, size}]``),
   ``model`` (``{name, version, graphs, attrs}``: scalar model attributes, e.g. ``soc_version``,
   ``atc_version``, ``atc_cmdline``), ``soc_version``, ``atc_version``, ``dynamic`` (``{mode, gears}``),
@@ -96,7 +97,7 @@ class InspectReport(Result):
         if self.kind == "onnx":
             d = self.onnx or {}
             text = (f"ONNX model: {io}, {self.op_count} nodes ({len(self.op_types)} op types), "
-                    f"opset {d.get('opsets', {}).get('', '?')}")
+                    f"opset {d.get('opsets', {}).get('', d.get('opsets', {}).get('ai.onnx', '?'))}")
             soc = d.get("soc")
             if soc:
                 s = soc.get("support", {})
@@ -113,7 +114,7 @@ class InspectReport(Result):
                     f"{self.op_count} nodes, {trans} TransData planned; {state}")
         o = self.om or {}
         variant = o.get("variant")
-        if variant in ("PICO", "OM2"):
+        if variant in ("PICO", "ZIP"):
             return f"{variant} container, not a classic ATC .om: not decoded"
         if variant == "encrypted":
             return "encrypted .om: header only (model contents need the key)"
@@ -131,10 +132,11 @@ class InspectReport(Result):
 # detection
 
 def detect_kind(path: str | os.PathLike) -> str:
-    """``"bundle"``, ``"om"`` or ``"onnx"`` from the file's content; raises ``InputError`` otherwise.
+    """``"bundle"``, ``"om"`` or ``"onnx"`` from the file's first bytes (``InputError`` when the file
+    cannot be read).
 
     Anything starting with ``IMOD``, ``PICO`` or a ZIP header is an ``.om`` kind (foreign containers are
-    reported by the ``.om`` reader); other files must parse as an ONNX ``ModelProto``.
+    reported by the ``.om`` reader as such); everything else is tried as ONNX, whose parser then decides.
     """
     p = Path(path)
     if not p.exists():
@@ -197,13 +199,12 @@ def _onnx_dtype(elem: int) -> str:
 
 
 def _itemsize(elem: int) -> int:
+    """Bytes per element (sub-byte types count as one byte: an upper bound)."""
     from onnx import helper
     try:
-        dt = helper.tensor_dtype_to_np_dtype(elem)
+        return helper.tensor_dtype_to_np_dtype(elem).itemsize
     except Exception:
         return 0
-    bits = {"int4": 4, "uint4": 4, "float4_e2m1fn": 4}.get(str(dt))
-    return dt.itemsize if bits is None else 1  # sub-byte types: counted per element upper bound
 
 
 def _value_info(vi) -> dict:
@@ -222,7 +223,8 @@ def _value_info(vi) -> dict:
             else:
                 shape.append(-1)
                 names.append(d.dim_param or None)
-    fmt = "NCHW" if shape is not None and len(shape) == 4 else "ND"
+    # ATC's default --input_format for ONNX: NCHW (NCDHW for 5-D), ND otherwise
+    fmt = {4: "NCHW", 5: "NCDHW"}.get(len(shape) if shape is not None else -1, "ND")
     return {"name": vi.name, "dtype": _onnx_dtype(t.elem_type), "shape": shape, "dim_names": names,
             "format": fmt}
 
@@ -621,6 +623,22 @@ def _kv(pairs: list[tuple[str, Any]]) -> list[str]:
     return [f"  {k.ljust(w)}  {v}" for k, v in pairs]
 
 
+def _resource_text(attrs: Mapping[str, Any]) -> str | None:
+    """``atc --mode=6``'s resource line, from the ModelDef attributes that are recorded."""
+    parts = [f"{label} {attrs[k]:,}{unit}" for k, label, unit in
+             (("memory_size", "memory", " B"), ("weight_size", "weight", " B"), ("stream_num", "streams", ""),
+              ("event_num", "events", "")) if isinstance(attrs.get(k), int)]
+    return ", ".join(parts) or None
+
+
+def _om_info_text(v: Any) -> str | None:
+    """``om_info_list``: weight, TBE kernel, custom AI CPU kernel, task info and so store sizes."""
+    if not isinstance(v, list) or not all(isinstance(x, int) for x in v):
+        return None
+    labels = ("weight", "tbe kernels", "cust aicpu kernels", "task info", "so store")
+    return ", ".join(f"{label} {x:,} B" for label, x in zip(labels, v))
+
+
 def _dynamic_text(dyn: Mapping[str, Any]) -> str:
     mode, gears = dyn.get("mode"), dyn.get("gears") or []
     if not mode:
@@ -680,7 +698,8 @@ def render_text(r: InspectReport, *, ops: bool = False, layers: bool = False, to
                           ("ATC version", o["atc_version"]), ("framework", attrs.get("framework_type")),
                           ("ATC command", o.get("atc_cmdline")),
                           ("dynamic", _dynamic_text(o["dynamic"])),
-                          ("memory size", attrs.get("memory_size")), ("weight size", attrs.get("weight_size"))])
+                          ("resource info", _resource_text(attrs)),
+                          ("om info", _om_info_text(attrs.get("om_info_list")))])
         lines += _kv(pairs)
         if o["partitions"]:
             lines.append("partitions:")
@@ -736,8 +755,8 @@ def render_text(r: InspectReport, *, ops: bool = False, layers: bool = False, to
         if nodes:
             lines.append("ops:")
             lines += _table([[str(n.get("planned_name") or n.get("name") or "(unnamed)"),
-                              str(n.get("op_type") or n.get("type")),
-                              str(n.get("engine") or "")] for n in nodes], ["name", "type", "engine"])
+                              str(n.get("op_type") or n.get("type")), str(n.get("engine") or ""),
+                              str(n.get("cann_op") or "")] for n in nodes], ["name", "type", "engine", "CANN op"])
     if layers:
         if r.kind == "om" and (r.om or {}).get("ops"):
             lines.append("op formats:")

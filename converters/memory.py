@@ -39,7 +39,9 @@ Zero-byte tensors get offset 0 and a zero-size slot; they never conflict with an
 
 Algorithm: greedy by size (largest aligned size first, ties by longer lifetime, then name), each
 tensor placed at the best-fitting gap between the already placed tensors whose lifetimes intersect
-its own, else above the highest of them. Conflicting tensors are found by bisection in the
+its own, else above the highest of them; for graphs up to 4096 tensors whose plan is above the
+lower bound, the same pass ordered by lifetime and by size x lifetime is tried too, keeping the
+smallest arena. Conflicting tensors are found by bisection in the
 short-lived tensors sorted by ``first_use`` plus one vectorised test over the few long-lived ones,
 so the cost grows with the number of conflicts, not with all pairs (``benchmarks/bench_memory.py``).
 
@@ -56,6 +58,7 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import heapq
+import numbers
 from typing import Any, ClassVar, Mapping, Sequence
 
 import numpy as np
@@ -87,6 +90,19 @@ def _align(n: int, alignment: int) -> int:
     return -(-n // alignment) * alignment
 
 
+def _normalise(tensors: Sequence[MemTensor]) -> list[MemTensor]:
+    """Plain Python ints (numpy integers are accepted) so the plan serialises cleanly."""
+    out = []
+    for t in tensors:
+        vals = (t.nbytes, t.first_use, t.last_use)
+        if not all(isinstance(v, numbers.Integral) and not isinstance(v, bool) for v in vals):
+            raise InputError(f"memory plan: tensor {t.name!r} has non-integer size or steps {vals}",
+                             hint="sizes are bytes and steps are node indices (integers)")
+        out.append(t if all(type(v) is int for v in vals)
+                   else MemTensor(str(t.name), int(t.nbytes), int(t.first_use), int(t.last_use)))
+    return out
+
+
 def _check_inputs(tensors: Sequence[MemTensor], alignment: int) -> None:
     if not isinstance(alignment, int) or alignment <= 0 or alignment & (alignment - 1):
         raise InputError(f"memory plan: alignment {alignment!r} is not a positive power of two",
@@ -97,7 +113,7 @@ def _check_inputs(tensors: Sequence[MemTensor], alignment: int) -> None:
             raise InputError(f"memory plan: tensor {t.name!r} appears twice",
                              hint="give each activation one entry")
         seen.add(t.name)
-        if not isinstance(t.nbytes, int) or t.nbytes < 0:
+        if t.nbytes < 0:
             raise InputError(f"memory plan: tensor {t.name!r} has size {t.nbytes!r}",
                              hint="sizes must be non-negative integers (bytes)")
         if t.first_use > t.last_use:
@@ -114,7 +130,7 @@ class _ConflictIndex:
     number of tensors live around [a, b], not the number of tensors.
     """
 
-    VECTOR_FROM = 48  # slices longer than this are filtered with numpy instead of a Python loop
+    VECTOR_FROM = 96  # sets larger than this are filtered with numpy instead of a Python loop
 
     def __init__(self, tensors: Sequence[MemTensor], sizes: list[int]):
         n = len(tensors)
@@ -139,14 +155,19 @@ class _ConflictIndex:
         self.l_last = np.array([tensors[i].last_use for i in long_], dtype=np.int64)
         self.l_size = np.array([sizes[i] for i in long_], dtype=np.int64)
         self.l_off = np.full(len(long_), -1, dtype=np.int64)
+        self.l_placed: list[tuple[int, int, int, int]] = []   # (first, last, offset, end)
+        self.l_vector = len(long_) > self.VECTOR_FROM
 
     def place(self, i: int, offset: int) -> None:
         is_short, p = self.where[i]
         if is_short:
             self.s_off[p] = offset
             self.s_off_np[p] = offset
-        else:
+        elif self.l_vector:
             self.l_off[p] = offset
+        else:
+            self.l_placed.append((int(self.l_first[p]), int(self.l_last[p]), offset,
+                                  offset + int(self.l_size[p])))
 
     def busy(self, a: int, b: int) -> list[tuple[int, int]]:
         """(offset, end) of every placed tensor live at some step in [a, b]."""
@@ -165,11 +186,13 @@ class _ConflictIndex:
             if sel.size:
                 o = off[sel]
                 out.extend(zip(o.tolist(), (o + self.s_size_np[lo:hi][sel]).tolist()))
-        if self.l_off.size:
+        if self.l_vector:
             sel = np.flatnonzero((self.l_off >= 0) & (self.l_first <= b) & (self.l_last >= a))
             if sel.size:
                 o = self.l_off[sel]
                 out.extend(zip(o.tolist(), (o + self.l_size[sel]).tolist()))
+        else:
+            out.extend((o, e) for f, la, o, e in self.l_placed if f <= b and la >= a)
         return out
 
 
@@ -317,35 +340,60 @@ def lower_bound(tensors: Sequence[MemTensor], alignment: int = ALIGNMENT) -> int
     return best
 
 
+# Placement orders tried, in this order: the first is always run; the others only when it is not
+# already optimal and the graph is small enough (each order is a full greedy pass).
+_ORDERS = {
+    "size": lambda t, s: (-s, -(t.last_use - t.first_use), t.name),
+    "lifetime": lambda t, s: (-(t.last_use - t.first_use), -s, t.name),
+    "area": lambda t, s: (-s * (t.last_use - t.first_use + 1), -s, t.name),
+}
+MULTI_ORDER_LIMIT = 4096
+
+
+def _greedy(tensors: list[MemTensor], sizes: list[int], order: str) -> tuple[list[int], int]:
+    """One greedy pass: tensors in ``order``, each at the best-fitting gap. (offsets, arena)."""
+    key = _ORDERS[order]
+    index = _ConflictIndex(tensors, sizes)
+    offsets = [0] * len(tensors)
+    arena = 0
+    for i in sorted(range(len(tensors)), key=lambda i: key(tensors[i], sizes[i])):
+        t, size = tensors[i], sizes[i]
+        if size == 0:
+            continue
+        off = _place(size, index.busy(t.first_use, t.last_use))
+        offsets[i] = off
+        index.place(i, off)
+        arena = max(arena, off + size)
+    return offsets, arena
+
+
 def plan_memory(tensors: Sequence[MemTensor], alignment: int = ALIGNMENT) -> MemoryPlan:
     """Give every tensor an aligned offset so that tensors live at the same step never overlap.
+
+    Greedy by size first; when that is above the lower bound and there are at most
+    ``MULTI_ORDER_LIMIT`` tensors, greedy by lifetime and by size x lifetime are tried too and the
+    smallest arena is kept.
 
     >>> p = plan_memory([MemTensor("in", 600, -1, 0), MemTensor("mid", 600, 0, 1),
     ...                  MemTensor("out", 600, 1, 2)])
     >>> p.offsets["in"] == p.offsets["out"], p.arena_bytes
     (True, 1536)
     """
-    tensors = list(tensors)
+    tensors = _normalise(tensors)
     _check_inputs(tensors, alignment)
     sizes = [_align(t.nbytes, alignment) for t in tensors]
-    index = _ConflictIndex(tensors, sizes)
-    order = sorted(range(len(tensors)),
-                   key=lambda i: (-sizes[i], -(tensors[i].last_use - tensors[i].first_use),
-                                  tensors[i].name))
-    offsets: dict[str, int] = {}
-    arena = 0
-    for i in order:
-        t, size = tensors[i], sizes[i]
-        if size == 0:
-            offsets[t.name] = 0
-            continue
-        off = _place(size, index.busy(t.first_use, t.last_use))
-        offsets[t.name] = off
-        index.place(i, off)
-        arena = max(arena, off + size)
-    plan = MemoryPlan(tensors=tensors, offsets={t.name: offsets[t.name] for t in tensors},
-                      alignment=alignment, arena_bytes=arena,
-                      lower_bound_bytes=lower_bound(tensors, alignment),
+    bound = lower_bound(tensors, alignment)
+    best_offsets, best_arena = _greedy(tensors, sizes, "size")
+    if best_arena > bound and len(tensors) <= MULTI_ORDER_LIMIT:
+        for order in ("lifetime", "area"):
+            offsets, arena = _greedy(tensors, sizes, order)
+            if arena < best_arena:
+                best_offsets, best_arena = offsets, arena
+            if best_arena == bound:
+                break
+    plan = MemoryPlan(tensors=tensors,
+                      offsets={t.name: best_offsets[i] for i, t in enumerate(tensors)},
+                      alignment=alignment, arena_bytes=best_arena, lower_bound_bytes=bound,
                       no_reuse_bytes=sum(sizes))
     plan.validate()
     return plan

@@ -30,7 +30,7 @@ OM_MAGIC = b"IMOD"                       # MODEL_FILE_MAGIC_NUM 0x444F4D49, litt
 HEADER_SIZE = 256
 MODEL_VERSION_2 = 0x20000000             # from here on the header has model_num
 OTHER_MAGICS = {b"PICO": "PICO (HiSilicon SVP / NNIE model, not an Ascend ATC .om)",
-                b"PK\x03\x04": "OM2 (a ZIP container, newest GE mode 7), not a classic ATC .om"}
+                b"PK\x03\x04": "ZIP container (the newest GE writes OM2 models as ZIPs), not a classic ATC .om"}
 
 PARTITION_TYPES = {
     0: "MODEL_DEF", 1: "WEIGHTS_DATA", 2: "TASK_INFO", 3: "TBE_KERNELS", 4: "CUST_AICPU_KERNELS",
@@ -55,12 +55,14 @@ DYNAMIC_INPUT_NAME = "ascend_mbatch_shape_data"
 DYNAMIC_TYPES = {1: "batch", 2: "hw", 3: "dims"}
 LAYOUT_OPS = ("TransData", "TransDataRNN", "Cast", "Transpose", "TransposeD")
 INPUT_OP_TYPES = ("Data", "AippData", "AnnData")
+_DESC_OPS = frozenset(LAYOUT_OPS + INPUT_OP_TYPES + ("NetOutput",))
 ENGINE_ATTR = "_ge_attr_op_kernel_lib_name"
 
 MAX_PARTITIONS = 64        # GE accepts at most ~9; anything far above is a corrupt table
 MAX_MODELS = 4096
 MAX_OPS = 2_000_000
 MAX_GEARS = 4096
+MAX_RANK = 128             # ACL_MAX_DIM_CNT
 _KEEP_OP_ATTRS = ("src_format", "dst_format", "dst_type", "perm", "index", "groups",
                   "_mbatch_origin_input_dims", "input_dims", "_dynamic_aipp_input_dims",
                   "batch_num", "mbatch_dynamic_type", "_datadump_original_op_names")
@@ -172,7 +174,7 @@ class OmModelDef:
 @dataclass
 class OmModel:
     """Everything :func:`read_om` found. ``variant`` is ``"om"``, ``"encrypted"``, or a foreign
-    container (``"PICO"``, ``"OM2"``) that is reported, not decoded."""
+    container (``"PICO"``, ``"ZIP"``: maybe an OM2) that is reported, not decoded."""
 
     path: str
     file_size: int
@@ -323,7 +325,7 @@ def _floats(buf: bytes, num: int, wt: int, v: Any, out: list[float], what: str) 
         s, e = v
         if (e - s) % 4:
             raise _Malformed(f"{what} (field {num}): packed floats not a multiple of 4 bytes")
-        out.extend(x for (x,) in struct.iter_unpack("<f", bytes(buf[s:e])))
+        out.extend(x for (x,) in struct.iter_unpack("<f", buf[s:e]))
     else:
         raise _Malformed(f"{what} (field {num}) has wire type {wt}")
 
@@ -407,27 +409,28 @@ _SKIP = object()
 
 def _attr_entry(buf: bytes, span: tuple[int, int], wanted=None) -> tuple[str, Any]:
     """A ``map<string, AttrDef>`` entry: key (1), value (2). The value is decoded only when
-    ``wanted(key)`` (all when ``wanted`` is None); otherwise ``_SKIP`` comes back."""
-    key = ""
+    ``wanted(raw_key_bytes)`` (all when ``wanted`` is None); otherwise ``_SKIP`` comes back."""
+    key = b""
     value_span = None
     for num, wt, v in _fields(buf, *span):
         if num == 1:
             _expect(num, wt, 2, "attr map key")
-            key = _text(buf, v)
+            key = buf[v[0]:v[1]]
         elif num == 2:
             _expect(num, wt, 2, "attr map value")
             value_span = v
     if wanted is not None and not wanted(key):
-        return key, _SKIP
-    return key, (_attr_def(buf, value_span) if value_span is not None else None)
+        return "", _SKIP
+    text = key.decode("utf-8", errors="replace")
+    return text, (_attr_def(buf, value_span) if value_span is not None else None)
 
 
-_DESC_ATTRS = frozenset({"format", "origin_format", "origin_shape"})
-_OP_ATTRS = frozenset(_KEEP_OP_ATTRS) | {ENGINE_ATTR}
+_DESC_ATTRS = frozenset({b"format", b"origin_format", b"origin_shape"})
+_OP_ATTRS = frozenset(k.encode() for k in (*_KEEP_OP_ATTRS, ENGINE_ATTR))
 
 
-def _op_attr_wanted(key: str) -> bool:
-    return key in _OP_ATTRS or key.startswith("_pred_value_")
+def _op_attr_wanted(key: bytes) -> bool:
+    return key in _OP_ATTRS or key.startswith(b"_pred_value_")
 
 
 @dataclass
@@ -455,6 +458,8 @@ def _tensor_desc(buf: bytes, span: tuple[int, int]) -> _Desc:
             for n2, w2, v2 in _fields(buf, *v):
                 if n2 == 1:
                     _ints(buf, n2, w2, v2, dims, "ShapeDef.dim")
+            if len(dims) > MAX_RANK:
+                raise _Malformed(f"tensor descriptor with an absurd rank of {len(dims)}")
             d.shape = dims
         elif num == 4:
             _expect(num, wt, 2, "TensorDescriptor.layout")
@@ -474,13 +479,23 @@ def _tensor_desc(buf: bytes, span: tuple[int, int]) -> _Desc:
 class _Op:
     name: str = ""
     type: str = ""
-    inputs: list[str] = field(default_factory=list)
     attrs: dict[str, Any] = field(default_factory=dict)
     input_desc: list[_Desc] = field(default_factory=list)
     output_desc: list[_Desc] = field(default_factory=list)
+    # byte spans, decoded only for the ops whose descriptors or inputs are reported
+    in_spans: list[tuple[int, int]] = field(default_factory=list)
+    out_spans: list[tuple[int, int]] = field(default_factory=list)
+    input_spans: list[tuple[int, int]] = field(default_factory=list)
+
+    def decode_descs(self, buf: bytes) -> None:
+        self.input_desc = [_tensor_desc(buf, sp) for sp in self.in_spans]
+        self.output_desc = [_tensor_desc(buf, sp) for sp in self.out_spans]
+
+    def inputs(self, buf: bytes) -> list[str]:
+        return [_text(buf, sp) for sp in self.input_spans]
 
 
-def _op_def(buf: bytes, span: tuple[int, int]) -> _Op:
+def _op_def(buf: bytes, span: tuple[int, int], all_descs: bool) -> _Op:
     op = _Op()
     for num, wt, v in _fields(buf, *span):
         if num == 1:
@@ -491,7 +506,7 @@ def _op_def(buf: bytes, span: tuple[int, int]) -> _Op:
             op.type = _text(buf, v)
         elif num == 5:
             _expect(num, wt, 2, "OpDef.input")
-            op.inputs.append(_text(buf, v))
+            op.input_spans.append(v)
         elif num == 10:
             _expect(num, wt, 2, "OpDef.attr")
             k, val = _attr_entry(buf, v, _op_attr_wanted)
@@ -499,14 +514,17 @@ def _op_def(buf: bytes, span: tuple[int, int]) -> _Op:
                 op.attrs[k] = val
         elif num == 33:
             _expect(num, wt, 2, "OpDef.input_desc")
-            op.input_desc.append(_tensor_desc(buf, v))
+            op.in_spans.append(v)
         elif num == 34:
             _expect(num, wt, 2, "OpDef.output_desc")
-            op.output_desc.append(_tensor_desc(buf, v))
+            op.out_spans.append(v)
+    if all_descs or op.type in _DESC_OPS:
+        op.decode_descs(buf)
     return op
 
 
-def _graph_def(buf: bytes, span: tuple[int, int], budget: list[int]) -> tuple[str, list[_Op]]:
+def _graph_def(buf: bytes, span: tuple[int, int], budget: list[int],
+               all_descs: bool) -> tuple[str, list[_Op]]:
     name = ""
     ops: list[_Op] = []
     for num, wt, v in _fields(buf, *span):
@@ -518,7 +536,7 @@ def _graph_def(buf: bytes, span: tuple[int, int], budget: list[int]) -> tuple[st
             budget[0] -= 1
             if budget[0] < 0:
                 raise _Malformed(f"more than {MAX_OPS} ops")
-            ops.append(_op_def(buf, v))
+            ops.append(_op_def(buf, v, all_descs))
     return name, ops
 
 
@@ -526,43 +544,47 @@ def _graph_def(buf: bytes, span: tuple[int, int], budget: list[int]) -> tuple[st
 # formats and dtypes
 
 def format_text(value: Any) -> str:
-    """Render a ge::Format (int, possibly a packed word with sub-format/C0, or a name) as text.
+    """Render a ge::Format (an int, possibly a packed word with sub-format/C0, or a name such as
+    ``"FORMAT_NCHW"`` or ``"FRACTAL_Z:2"``) as text; formats not in the registry stay visible as
+    ``ge_format:N`` or as written.
 
-    >>> format_text(3), format_text(516), format_text("NCHW")
-    ('NC1HWC0', 'FRACTAL_Z:2', 'NCHW')
+    >>> format_text(3), format_text(516), format_text("FORMAT_NCHW"), format_text(29 | 4 << 24)
+    ('NC1HWC0', 'FRACTAL_Z:2', 'NCHW', 'FRACTAL_NZ[C0=8]')
     """
     if value is None or value == "":
         return "?"
     if isinstance(value, bool):
         return f"ge_format:{int(value)}"
+    from npu_deploy.converters import formats
+
     if isinstance(value, str):
         text = value.strip()
-        if text.startswith("FORMAT_"):
-            text = text[len("FORMAT_"):]
-        if text.lstrip("-").isdigit():
+        if text.lstrip("-").isdigit() and len(text) < 12:
             return format_text(int(text))
-        return text
+        try:
+            return _word_text(formats.parse_format(text))
+        except Exception:  # not a registry name (e.g. a GE-only format): show it as written
+            return text[len("FORMAT_"):] if text.startswith("FORMAT_") else text
     if isinstance(value, int):
         try:
-            from npu_deploy.converters import formats
-        except ImportError:  # the format registry is not available: keep the number
-            return f"ge_format:{value}"
-        try:
-            word = formats.decode_format_word(value)
-        except Exception:  # not in the format registry: name it from the ge::Format table, if there
-            names = {v: k for k, v in getattr(formats, "GE_FORMATS", {}).items()}
+            return _word_text(formats.decode_format_word(value))
+        except Exception:  # not in the registry: name it from the ge::Format table, if it is there
+            names = {v: k for k, v in formats.GE_FORMATS.items()}
             if 0 <= value <= 0x0FFFFFFF and (value & 0xFF) in names:
                 sub = (value >> 8) & 0xFFFF
                 return names[value & 0xFF] + (f":{sub}" if sub else "") + \
                     (f"[C0bits={value >> 24}]" if value >> 24 else "")
             return f"ge_format:{value}"
-        text = getattr(word.format, "name", str(word.format))
-        if word.sub_format:
-            text += f":{word.sub_format}"
-        if word.c0:
-            text += f"[C0={word.c0}]"
-        return text
     return "?"
+
+
+def _word_text(word: Any) -> str:
+    text = getattr(word.format, "name", str(word.format))
+    if word.sub_format:
+        text += f":{word.sub_format}"
+    if word.c0:
+        text += f"[C0={word.c0}]"
+    return text
 
 
 def _dtype_name(ge: int) -> str:
@@ -625,7 +647,7 @@ def _summarise(buf: bytes, span: tuple[int, int], keep_ops: bool = False) -> OmM
             custom = _text(buf, v)
         elif num == 7:
             _expect(num, wt, 2, "ModelDef.graph")
-            graphs.append(_graph_def(buf, v, budget))
+            graphs.append(_graph_def(buf, v, budget, keep_ops))
         elif num == 11:
             _expect(num, wt, 2, "ModelDef.attr")
             k, val = _attr_entry(buf, v)
@@ -647,9 +669,9 @@ def _summarise(buf: bytes, span: tuple[int, int], keep_ops: bool = False) -> OmM
     net = [op for op in main_ops if op.type == "NetOutput"]
     if net:
         names = model_out_names(attrs.get("attr_model_out_nodes_name"))
+        edges = net[0].inputs(buf)
         for i, d in enumerate(net[0].input_desc):
-            label = names[i] if i < len(names) else (d.name or
-                                                   (net[0].inputs[i] if i < len(net[0].inputs) else f"output_{i}"))
+            label = names[i] if i < len(names) else (d.name or (edges[i] if i < len(edges) else f"output_{i}"))
             outputs.append(_tensor(d, label))
 
     op_types: Counter[str] = Counter()

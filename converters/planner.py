@@ -48,6 +48,7 @@ free, so they compare equal here; reports show NCHW for 4-D and NCDHW for 5-D pl
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any, Callable, ClassVar, Iterable, Sequence
 
 import numpy as np
@@ -87,7 +88,8 @@ class FormatRule:
     """How an op takes its operands.
 
     ``kind``: ``"5hd"`` (activations in NC1HWC0 — NDC1HWC0 for 5-D — weight slot in FRACTAL_Z),
-    ``"matmul"`` (operands and result in FRACTAL_NZ; constant B pre-packed), ``"follow"`` (format-
+    ``"matmul"`` (operands and result in FRACTAL_NZ; constant B pre-packed), ``"concat"`` (a producer's
+    blocked format unless it joins along a padded axis with unaligned sizes), ``"follow"`` (format-
     agnostic: takes its producer's format where broadcasting allows), ``"lastaxis"`` (ND, or
     FRACTAL_NZ when it normalises over the last axis of an NZ input), ``"view"`` (ND, or the input's
     blocked format when the blocked axes are untouched), ``"nd"`` (ND only).
@@ -125,6 +127,8 @@ FORMAT_RULES: dict[str, FormatRule] = {
     "Flatten": FormatRule("view", note="Flatten keeps a blocked format only if the blocked axes are unchanged"),
     "Transpose": FormatRule("view", note="Transpose keeps FRACTAL_NZ only if it leaves the last two axes alone"),
     "Identity": FormatRule("view", note="Identity keeps any format"),
+    "Concat": FormatRule("concat", note="ConcatD keeps a blocked format unless it joins along a padded "
+                                        "(blocked) axis whose sizes are not multiples of the block"),
     "Dropout": FormatRule("view", note="Dropout (inference) keeps any format"),
 }
 _FOLLOW_OPS = {
@@ -149,6 +153,12 @@ def rule_for(op_type: str) -> FormatRule:
 def is_plain(fmt: str) -> bool:
     """True for the row-major layouts (ND, NCHW, NHWC as given, NCDHW…): no conversion between them."""
     return fmt not in PRIVATE_5HD and fmt != NZ
+
+
+def output_format(fmt: str) -> str:
+    """The format a node running in ``fmt`` writes: NC1HWC0_C04 is an input-only layout (the first
+    conv reads C04 and writes ordinary NC1HWC0)."""
+    return NC1HWC0 if fmt == C04 else fmt
 
 
 def plain_name(rank: int) -> str:
@@ -280,6 +290,8 @@ class PlanState:
         self.explanations: dict[tuple[str, str], str] = {}
         self.by_name: dict[str, _Node] = {n.node.name: n for n in self.nodes}
         self._bytes_cache: dict[tuple[str, str], int] = {}
+        self._slot_cache: dict[tuple[int, str], list[str | None]] = {}
+        self._dtype_cache: dict[str, np.dtype] = {}
 
     def _resolve_keep(self, keep: Sequence[str]) -> set[int]:
         out: set[int] = set()
@@ -311,7 +323,7 @@ class PlanState:
         p = self.producer.get(t)
         if p is None or t in self.const:
             return ND
-        return self.nodes[p[0]].fmt
+        return output_format(self.nodes[p[0]].fmt)
 
     def rank(self, t: str) -> int:
         return len(self.shapes.get(t, ()))
@@ -319,6 +331,13 @@ class PlanState:
     def slot_formats(self, n: _Node, fmt: str | None = None) -> list[str | None]:
         """Required format of every input slot when ``n`` runs in ``fmt`` (None: no runtime need)."""
         fmt = n.fmt if fmt is None else fmt
+        key = (n.idx, fmt)
+        got = self._slot_cache.get(key)
+        if got is None:
+            got = self._slot_cache[key] = self._slot_formats(n, fmt)
+        return got
+
+    def _slot_formats(self, n: _Node, fmt: str) -> list[str | None]:
         out: list[str | None] = []
         for j, t in enumerate(n.node.input):
             if not t or not self.is_activation(t):
@@ -330,6 +349,8 @@ class PlanState:
                 out.append(fmt if j in n.rule.data_slots else ND)
             elif n.rule.kind == "follow":
                 out.append(fmt if _numel(self.shapes.get(t, ())) != 1 else None)
+            elif n.rule.kind == "concat":
+                out.append(fmt)
             else:
                 out.append(ND)
         return out
@@ -377,12 +398,17 @@ class PlanState:
         dt = self.device_dtype(t)
         if is_plain(fmt):
             return _numel(shape) * dt.itemsize
-        try:
-            return int(formats.nbytes(fmt, view_shape(fmt, shape), dt, c0=_c0_for(fmt, dt)))
-        except Exception:
-            return _numel(shape) * dt.itemsize
+        return _format_nbytes(fmt, tuple(shape), dt)
 
     def device_dtype(self, t: str) -> np.dtype:
+        """The dtype ``t`` has on the device (its producer's compute dtype for float32 tensors).
+        Cached: call only after node dtypes are assigned."""
+        got = self._dtype_cache.get(t)
+        if got is None:
+            got = self._dtype_cache[t] = self._device_dtype(t)
+        return got
+
+    def _device_dtype(self, t: str) -> np.dtype:
         dt = self.dtypes.get(t, np.dtype(np.float32))
         p = self.producer.get(t)
         if p is not None and dt == np.float32 and not self.nodes[p[0]].folded:
@@ -403,6 +429,17 @@ def _numel(shape: Sequence[int]) -> int:
     return n
 
 
+@functools.lru_cache(maxsize=4096)
+def _format_nbytes(fmt: str, shape: tuple[int, ...], dt: np.dtype) -> int:
+    from npu_deploy.converters import formats
+
+    try:
+        return int(formats.nbytes(fmt, view_shape(fmt, shape), dt, c0=_c0_for(fmt, dt)))
+    except Exception:  # a shape the format cannot hold: counted as stored plainly
+        return _numel(shape) * dt.itemsize
+
+
+@functools.lru_cache(maxsize=256)
 def _c0_for(fmt: str, dtype: np.dtype) -> int | None:
     from npu_deploy.converters import formats
 
@@ -521,6 +558,8 @@ def check_format(state: PlanState, n: _Node, fmt: str) -> str | None:
     out_shape = state.shapes.get(outs[0], ()) if outs else ()
     if kind == "follow":
         return _check_broadcast(state, n, fmt, out_shape)
+    if kind == "concat":
+        return _check_concat(state, n, fmt, out_shape)
     if kind == "lastaxis":
         if fmt != NZ:
             return f"{n.node.op_type} takes ND or FRACTAL_NZ, not {fmt}"
@@ -553,6 +592,33 @@ def check_format(state: PlanState, n: _Node, fmt: str) -> str | None:
                     f"{tuple(out_shape[-2:])}, which FRACTAL_NZ blocks")
         return None
     return f"{n.node.op_type} needs ND ({n.rule.note})"
+
+
+def _check_concat(state: PlanState, n: _Node, fmt: str, out_shape: Sequence[int]) -> str | None:
+    r = len(out_shape)
+    axis = int(_attr(n.node, "axis", 0)) % max(r, 1)
+    ins = [t for t in n.node.input if t]
+    if any(not state.is_activation(t) for t in ins):
+        return "a constant input would need its own conversion"
+    if fmt in (NC1HWC0, NDC1HWC0):
+        if r != (5 if fmt == NDC1HWC0 else 4):
+            return f"rank-{r} tensors cannot be held in {fmt}"
+        if axis != 1:
+            return None
+        block = _c0_for(fmt, state.device_dtype(ins[0]))
+    elif fmt == NZ:
+        if r < 2:
+            return "rank < 2 cannot be held in FRACTAL_NZ"
+        if axis < r - 2:
+            return None
+        block = 16 if axis == r - 2 else _c0_for(fmt, state.device_dtype(ins[0]))
+    else:
+        return f"Concat does not run in {fmt}"
+    sizes = [state.shapes.get(t, (0,) * r)[axis] for t in ins]
+    if all(sz % block == 0 for sz in sizes[:-1]):
+        return None
+    return (f"Concat joins along axis {axis}, which {fmt} pads to blocks of {block}, "
+            f"and input sizes {sizes} are not all multiples of {block}")
 
 
 def _check_broadcast(state: PlanState, n: _Node, fmt: str, out_shape: Sequence[int]) -> str | None:
@@ -603,7 +669,7 @@ class PropagateFormats(Pass):
                 continue
             cands = []
             for j, t in enumerate(n.node.input):
-                if state.is_activation(t) and (n.rule.kind == "follow" or j in n.rule.data_slots):
+                if state.is_activation(t) and (n.rule.kind in ("follow", "concat") or j in n.rule.data_slots):
                     f = state.tensor_format(t)
                     if not is_plain(f) and f not in cands:
                         cands.append(f)
@@ -619,38 +685,128 @@ class PropagateFormats(Pass):
 
 @dataclasses.dataclass(frozen=True)
 class CancelRule:
-    """A cancellation rule: ``pattern`` selects nodes, ``check`` says whether moving the node to a
-    format is allowed (None) or why not, ``rewrite`` moves it."""
+    """A cancellation rule. ``pattern(state)`` yields candidate moves ``(nodes, fmt)``: a group of
+    flexible nodes and a format to run them in; ``check`` says why the move is not allowed (or None);
+    ``rewrite`` makes it. A move is kept only when it removes conversions (or, at the same count,
+    bytes moved); the reason a move was refused is kept for ``--explain``."""
 
     name: str
     description: str
-    pattern: Callable[[PlanState, _Node], list[str]]   # candidate formats for the node
+    pattern: Callable[[PlanState], Iterable[tuple[list[_Node], str]]]
 
-    def check(self, state: PlanState, n: _Node, fmt: str) -> str | None:
-        return check_format(state, n, fmt)
+    def check(self, state: PlanState, nodes: list[_Node], fmt: str) -> str | None:
+        for n in nodes:
+            why = check_format(state, n, fmt)
+            if why is not None:
+                return why
+        return None
 
-    def rewrite(self, state: PlanState, n: _Node, fmt: str) -> None:
-        n.fmt = fmt
-        n.why = f"moved to {fmt} by rule {self.name} ({n.rule.note})"
+    def rewrite(self, state: PlanState, nodes: list[_Node], fmt: str) -> None:
+        for n in nodes:
+            n.fmt = fmt
+            n.why = f"moved to {fmt} by rule {self.name} ({n.rule.note})"
 
 
-def _round_trip_candidates(state: PlanState, n: _Node) -> list[str]:
-    """Formats X such that a conversion X→fmt enters ``n`` and fmt→X leaves it (X→Y→X around n)."""
-    if n.fixed or n.folded or n.rule.kind == "nd":
-        return []
-    ins = {state.tensor_format(t) for j, t in enumerate(n.node.input)
-           if state.is_activation(t) and not _same(state.slot_formats(n)[j], state.tensor_format(t))}
-    outs = {req for o in n.node.output if o for _, req in state.needs(o) if not _same(req, n.fmt)}
-    cands = [f for f in ins if any(_same(f, o) for o in outs)]
-    if not is_plain(n.fmt) and outs and all(is_plain(o) for o in outs) and ND not in cands:
+def _flexible(n: _Node) -> bool:
+    return not (n.fixed or n.folded or n.rule.kind == "nd")
+
+
+def _touching(nodes: list[_Node]) -> list[str]:
+    return list(dict.fromkeys(t for n in nodes for t in [*n.node.input, *n.node.output] if t))
+
+
+def _boundary_formats(state: PlanState, nodes: list[_Node]) -> list[str]:
+    """Formats on the other side of the conversions entering or leaving the group (plus ND)."""
+    inside = {n.idx for n in nodes}
+    fmt = nodes[0].fmt
+    found: list[str] = []
+    for n in nodes:
+        slots = state.slot_formats(n)
+        for j, t in enumerate(n.node.input):
+            p = state.producer.get(t)
+            if state.is_activation(t) and (p is None or p[0] not in inside) and \
+                    not _same(slots[j], state.tensor_format(t)):
+                found.append(ND if is_plain(state.tensor_format(t)) else state.tensor_format(t))
+        for o in n.node.output:
+            for consumer, req in (state.needs(o) if o else []):
+                if not _same(req, output_format(fmt)):
+                    found.append(ND if is_plain(req) else req)
+    cands = [f for f in dict.fromkeys(found) if not _same(f, fmt) and f != C04]
+    if not is_plain(fmt) and ND not in cands:
         cands.append(ND)
     return cands
 
 
+def _single_node_moves(state: PlanState) -> Iterable[tuple[list[_Node], str]]:
+    """X→Y→X around one flexible node: a conversion X→Y enters it and Y→X leaves it."""
+    for n in state.nodes:
+        if not _flexible(n):
+            continue
+        slots = state.slot_formats(n)
+        ins = {state.tensor_format(t) for j, t in enumerate(n.node.input)
+               if state.is_activation(t) and not _same(slots[j], state.tensor_format(t))}
+        outs = {req for o in n.node.output if o for _, req in state.needs(o)
+                if not _same(req, output_format(n.fmt))}
+        cands = [f for f in ins if any(_same(f, o) for o in outs)]
+        if not is_plain(n.fmt) and outs and all(is_plain(o) for o in outs) and ND not in cands:
+            cands.append(ND)
+        for f in cands:
+            yield [n], f
+
+
+def _group_moves(state: PlanState) -> Iterable[tuple[list[_Node], str]]:
+    """The same across a connected group of flexible nodes sharing one format (an elementwise chain
+    between two conversions): run the whole group in the format on the other side."""
+    seen: set[int] = set()
+    for n in state.nodes:
+        if n.idx in seen or not _flexible(n):
+            continue
+        group, todo = [], [n]
+        seen.add(n.idx)
+        while todo:
+            m = todo.pop()
+            group.append(m)
+            near = [state.producer[t][0] for t in m.node.input if t in state.producer]
+            near += [k for o in m.node.output if o for k, _ in state.consumers.get(o, [])]
+            for k in near:
+                other = state.nodes[k]
+                if k not in seen and _flexible(other) and other.fmt == n.fmt:
+                    seen.add(k)
+                    todo.append(other)
+        if len(group) < 2:
+            continue
+        group.sort(key=lambda x: x.idx)
+        for f in _boundary_formats(state, group):
+            yield group, f
+
+
 CANCEL_RULES: tuple[CancelRule, ...] = (
     CancelRule("round-trip", "X→Y→X around a flexible node: run the node in X when that removes "
-                             "conversions", _round_trip_candidates),
+                             "conversions", _single_node_moves),
+    CancelRule("group-round-trip", "X→Y ... Y→X around a chain of flexible nodes: run the chain in X "
+                                   "when that removes conversions (or bytes)", _group_moves),
 )
+
+
+def _try_move(state: PlanState, rule: CancelRule, nodes: list[_Node], fmt: str, *, keep: bool) -> bool:
+    """Apply a move if it lowers (conversions, bytes) on the touched tensors; undo it otherwise (or
+    always, when ``keep`` is False). Returns whether it improved."""
+    tensors = _touching(nodes)
+    before = state.count_conversions(tensors)
+    old = [(n.fmt, n.why) for n in nodes]
+    rule.rewrite(state, nodes, fmt)
+    after = state.count_conversions(tensors)
+    better = after < before
+    if not (better and keep):
+        for n, (f, w) in zip(nodes, old):
+            n.fmt, n.why = f, w
+    if not better and keep:
+        what = nodes[0].node.name if len(nodes) == 1 else f"{nodes[0].node.name} .. {nodes[-1].node.name}"
+        for n in nodes:
+            state.explanations.setdefault((n.node.name, fmt),
+                                          f"moving {what} to {fmt} would not remove a conversion "
+                                          f"({before[0]} now, {after[0]} after)")
+    return better
 
 
 class CancelRoundTrips(Pass):
@@ -658,31 +814,24 @@ class CancelRoundTrips(Pass):
 
     name = "cancel-round-trips"
     requires = "formats propagated"
-    guarantees = "no flexible node has a conversion pair X→Y→X that moving it to X would remove"
+    guarantees = "no flexible node or chain has an X→Y→X conversion pair that moving it to X would remove"
 
     def run(self, state: PlanState) -> bool:
+        # Each accepted move lowers (conversions, bytes) on the tensors touching the moved nodes, which
+        # are the only ones a move can change: the total strictly decreases, so this terminates.
         changed_any = False
-        for _ in range(8):
+        for _ in range(len(state.nodes) + 1):
             changed = False
-            for n in state.nodes:
-                for rule in CANCEL_RULES:
-                    for f in rule.pattern(state, n):
-                        why = rule.check(state, n, f)
-                        if why is not None:
-                            state.explanations[(n.node.name, f)] = why
-                            continue
-                        tensors = [t for t in n.node.input if t] + [o for o in n.node.output if o]
-                        before = state.count_conversions(tensors)
-                        old_fmt, old_why = n.fmt, n.why
-                        rule.rewrite(state, n, f)
-                        after = state.count_conversions(tensors)
-                        if after < before:
-                            changed = True
-                            break
-                        n.fmt, n.why = old_fmt, old_why
-                        state.explanations[(n.node.name, f)] = (
-                            f"moving {n.node.op_type} {n.node.name} to {f} would not remove a conversion "
-                            f"({before[0]} now, {after[0]} after)")
+            for rule in CANCEL_RULES:
+                for nodes, fmt in list(rule.pattern(state)):
+                    if any(n.fmt == fmt for n in nodes):
+                        continue  # an earlier move in this round already changed the group
+                    why = rule.check(state, nodes, fmt)
+                    if why is not None:
+                        for n in nodes:
+                            state.explanations.setdefault((n.node.name, fmt), why)
+                        continue
+                    changed |= _try_move(state, rule, nodes, fmt, keep=True)
             changed_any |= changed
             if not changed:
                 break
@@ -763,18 +912,10 @@ def verify_plan(state: PlanState, transdata: list[TransData]) -> None:
             got = by_edge.get((t, consumer if consumer is not None else "<graph output>"), src)
             if not _same(got, req):
                 raise InternalError(f"plan: edge {t} -> {consumer} gets {got} but needs {req}")
-    for n in state.nodes:
-        for rule in CANCEL_RULES:
-            for f in rule.pattern(state, n):
-                if rule.check(state, n, f) is None:
-                    tensors = [t for t in n.node.input if t] + [o for o in n.node.output if o]
-                    before = state.count_conversions(tensors)
-                    old = n.fmt, n.why
-                    n.fmt = f
-                    after = state.count_conversions(tensors)
-                    n.fmt, n.why = old
-                    if after < before:
-                        raise InternalError(f"plan: a cancellable {f} round trip remains at {n.node.name}")
+    for rule in CANCEL_RULES:
+        for nodes, f in list(rule.pattern(state)):
+            if rule.check(state, nodes, f) is None and _try_move(state, rule, nodes, f, keep=False):
+                raise InternalError(f"plan: a cancellable {f} round trip remains at {nodes[0].node.name}")
 
 
 PIPELINE: tuple[type[Pass], ...] = (AssignPreferredFormats, PropagateFormats, CancelRoundTrips)
@@ -1026,7 +1167,7 @@ def plan(loaded, *, soc: str = "Ascend310P3", precision_mode: str | None = None,
             else:
                 f = n.fmt if (not is_plain(n.fmt) and n.rule.kind == "follow") else ND
                 ins.append(plain_name(state.rank(t)) if is_plain(f) else f)
-        outs = [(plain_name(state.rank(o)) if is_plain(n.fmt) else n.fmt) for o in n.node.output]
+        outs = [(plain_name(state.rank(o)) if is_plain(n.fmt) else output_format(n.fmt)) for o in n.node.output]
         dt = np.dtype(n.dtype)
         node_formats[n.node.name] = NodeFormats(n.node.op_type, n.engine, ins, outs, n.dtype,
                                                 _c0_for(n.fmt, dt), n.folded, n.why)
@@ -1038,6 +1179,18 @@ def plan(loaded, *, soc: str = "Ascend310P3", precision_mode: str | None = None,
                 mem, cost, report, passes)
 
 
+def _outer_reads(node: onnx.NodeProto) -> set[str]:
+    """Names the subgraphs of ``node`` (If/Loop/Scan bodies) read: they keep outer tensors alive."""
+    names: set[str] = set()
+    for a in node.attribute:
+        graphs = [a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs)
+        for g in graphs:
+            for sub in g.node:
+                names.update(i for i in sub.input if i)
+                names |= _outer_reads(sub)
+    return names
+
+
 def _memory_plan(state: PlanState, transdata: list[TransData], memory) -> Any:
     last = len(state.nodes)
     first: dict[str, int] = {}
@@ -1047,7 +1200,7 @@ def _memory_plan(state: PlanState, transdata: list[TransData], memory) -> Any:
     for n in state.nodes:
         if n.folded:
             continue
-        for t in n.node.input:
+        for t in list(n.node.input) + sorted(_outer_reads(n.node)):
             if t in first:
                 end[t] = max(end[t], n.idx)
         for o in n.node.output:
@@ -1062,9 +1215,7 @@ def _memory_plan(state: PlanState, transdata: list[TransData], memory) -> Any:
     for td in transdata:
         steps = [idx[c] if c in idx else last for c in td.consumers]
         tensors.append(memory.MemTensor(f"{td.name}:{td.tensor}", td.dst_bytes, min(steps), max(steps)))
-    mem = memory.plan_memory(tensors)
-    mem.validate()
-    return mem
+    return memory.plan_memory(tensors)  # validated there: alignment, no overlap of live tensors
 
 
 def _cost(state: PlanState, transdata: list[TransData], naive: list[TransData], soc: str) -> Any:
@@ -1076,13 +1227,15 @@ def _cost(state: PlanState, transdata: list[TransData], naive: list[TransData], 
         return None
     dtypes = {t: state.device_dtype(t) for t in state.dtypes}
     ops = []
+    state.not_estimated = []
     for n in state.nodes:
         if n.folded:
             continue
         try:
             work = costmod.op_work(n.node, state.shapes, dtypes)
-        except Exception:
-            continue  # shapes the cost model cannot read: the op is left out of the estimate
+        except Exception:  # shapes the cost model cannot read: left out of the estimate, and said so
+            state.not_estimated.append(n.node.name)
+            continue
         operand = None
         if n.node.op_type in ("MatMul", "Gemm"):
             operand = "NZ" if n.fmt == NZ else "ND"
@@ -1116,6 +1269,10 @@ def _report(loaded, state, soc, precision_mode, support, naive, transdata, weigh
         notes.append(f"no cost profile for {soc}: times not estimated")
     if loaded.gears:
         notes.append(f"sizes and times at the largest of {len(loaded.gears)} gears")
+    skipped = getattr(state, "not_estimated", [])
+    if skipped:
+        notes.append(f"{len(skipped)} op(s) left out of the time estimate (shapes unknown to the cost "
+                     f"model): {', '.join(skipped[:5])}" + (" …" if len(skipped) > 5 else ""))
     return PlanReport(
         model=loaded.path.name, soc=soc, precision_mode=precision_mode,
         nodes=len(state.nodes) - folded, constant_folded=folded, engines=support.counts(),

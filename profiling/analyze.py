@@ -20,7 +20,7 @@ Classes of conversion (msprof.md §8.1):
 from __future__ import annotations
 
 import dataclasses
-import heapq
+import gc
 import operator
 import os
 from collections import Counter
@@ -123,11 +123,16 @@ class TaskTypeTime:
 
 @dataclass
 class Instance:
-    """One conversion task: where it is (file, line, device, stream, neighbours) and what it converts."""
+    """One conversion op (by name): what it converts, where it is (file and line of its first
+    occurrence, device, stream, the ops before and after it), and its time over all its occurrences
+    (``count`` runs of it, e.g. one per iteration; ``duration_us`` is the mean, ``max_us`` the longest)."""
 
     name: str
     op_type: str
     duration_us: float
+    count: int = 1
+    total_us: float = 0.0
+    max_us: float = 0.0
     src_format: str | None = None
     dst_format: str | None = None
     shape: str | None = None
@@ -341,7 +346,7 @@ class _Stream:
 
 
 class _Kind:
-    __slots__ = ("category", "op_types", "src", "dst", "count", "total", "min", "max", "shapes", "top")
+    __slots__ = ("category", "op_types", "src", "dst", "count", "total", "min", "max", "shapes", "ops")
 
     def __init__(self, category, src, dst):
         self.category = category
@@ -352,14 +357,15 @@ class _Kind:
         self.min = float("inf")
         self.max = 0.0
         self.shapes: dict = {}
-        self.top: list = []
+        self.ops: dict = {}              # op name -> [count, total, max, first entry]
 
 
 _TOP_N = 10
 _MAX_PENDING = 2048
 _MAX_SHAPES = 512
-_MAX_PARSED = 65536
-# an entry for one conversion task, kept while it can still matter (top-N heap, round-trip window):
+_MAX_PARSED = 8192
+_MAX_NAMES = 4096
+# an entry for one conversion task, kept while it can still matter (per-name table, round-trip window):
 # [name, duration, parsed, prev_op, next_op, device, stream, file, line, op_type]
 E_NAME, E_DUR, E_PARSED, E_PREV, E_NEXT, E_DEV, E_STREAM, E_FILE, E_LINE, E_OP = range(10)
 # parsed cells of a conversion, cached by the raw cells:
@@ -382,19 +388,26 @@ class Analyzer:
     """
 
     def __init__(self):
-        self.slots: dict = {}            # (op_type, core) -> [count, total, role, flags, op_type, core, by_name]
-        self.streams: dict = {}
-        self.kinds: dict = {}
-        self.parsed: dict = {}
+        self.slots: dict = {}            # (raw op type, raw core) -> slot (see _slot)
+        self.streams: dict = {}          # (device, stream) -> _Stream, of the current capture
+        self.captures: list = [("", self.streams)]   # (label, streams) per capture
+        self.kinds: dict = {}            # (category, src, dst) -> _Kind
         self.round_trips: dict = {}
         self.ai_cpu: dict = {}
         self.classified_by_name = 0
         self.name_trans_us = 0.0
         self.warnings: list[str] = []
         self.skipped_rows = 0
-        self.seq = 0
         self.detail = "per-task"
         self.has_formats = True
+
+    def begin_capture(self, label: str) -> None:
+        """Start a new capture (another rank, another PROF folder): its streams are its own, so
+        neighbours and round trips never join tasks of two captures."""
+        if self.captures == [("", self.streams)] and not self.streams:
+            self.captures = []
+        self.streams = {}
+        self.captures.append((label, self.streams))
 
     # -- classification of a new (op type, core) pair
     def _slot(self, op: str | None, core: str | None, name: str | None) -> list:
@@ -426,11 +439,23 @@ class Analyzer:
 
     def feed_ops(self, stream: P.TableStream) -> None:
         """Consume one op-table stream (CSV, DB or timeline)."""
+        # The loop creates no reference cycles; the cyclic collector would only rescan the growing
+        # per-kind tables over and over (about a tenth of the time on a million rows).
+        enabled = gc.isenabled()
+        gc.disable()
+        try:
+            self._feed_ops(stream)
+        finally:
+            if enabled:
+                gc.enable()
+
+    def _feed_ops(self, stream: P.TableStream) -> None:
         if not stream.has_formats:
             self.has_formats = False
         (i_name, i_type, i_core, i_dur, i_dev, i_stream, *_rest) = stream.indices
         cells = operator.itemgetter(*stream.indices[P.F_IN_FMT:P.F_OUT_DTYPE + 1])
         by_op: dict = {}                 # raw op type -> slot of the core last seen with it
+        by_name: dict = {}               # (kernel name, raw core) -> slot, for rows without an op type
         slots = self.slots
         streams = self.streams
         detail = self._detail
@@ -454,7 +479,12 @@ class Analyzer:
             slot = by_op.get(op)
             if slot is None or slot[7] != core:
                 if op is None or op.strip() in missing:
-                    slot = new_slot(None, core, row[i_name])
+                    key = (row[i_name], core)
+                    slot = by_name.get(key)
+                    if slot is None:
+                        slot = new_slot(None, core, row[i_name])
+                        if len(by_name) < _MAX_PARSED:
+                            by_name[key] = slot
                     self.classified_by_name += 1
                 else:
                     slot = slots.get((op, core)) or new_slot(op, core, row[i_name])
@@ -599,12 +629,15 @@ class Analyzer:
             st.layout += d
         entry = [name or "?", d, q, st.prev, None, st.device, st.sid, stream.path, stream.line, slot[4]]
         st.waiting = entry
-        top = k.top
-        self.seq += 1
-        if len(top) < _TOP_N:
-            heapq.heappush(top, (d, self.seq, entry))
-        elif d > top[0][0]:
-            heapq.heapreplace(top, (d, self.seq, entry))
+        a = k.ops.get(entry[E_NAME])
+        if a is None:
+            if len(k.ops) < _MAX_NAMES:
+                k.ops[entry[E_NAME]] = [1, d, d, entry]
+        else:
+            a[0] += 1
+            a[1] += d
+            if d > a[2]:
+                a[2] = d
         if q[Q_RT]:
             self._round_trip(st, entry, logical, q[Q_SRC], q[Q_DST], d)
 
@@ -620,8 +653,9 @@ class Analyzer:
             rt[0] += 1
             rt[1] += f_entry[E_DUR] + d
             rt[2][st.last_cube if st.cube_seq != f_cube_seq else "format-agnostic ops only"] += 1
-            if len(rt[3]) < 3:
-                rt[3].append([f_entry[E_NAME], entry[E_NAME]])
+            pair = [f_entry[E_NAME], entry[E_NAME]]
+            if len(rt[3]) < 3 and pair not in rt[3]:
+                rt[3].append(pair)
             return
         if len(st.pending) >= _MAX_PENDING:
             st.pending.clear()
@@ -629,9 +663,10 @@ class Analyzer:
         st.pending[(logical, dst, src)] = (entry, st.cube_seq)
 
     @staticmethod
-    def _instance(entry: list) -> Instance:
+    def _instance(entry: list, count: int, total: float, longest: float) -> Instance:
         q = entry[E_PARSED]
-        return Instance(name=entry[E_NAME], op_type=entry[E_OP], duration_us=round(entry[E_DUR], 6),
+        return Instance(name=entry[E_NAME], op_type=entry[E_OP], duration_us=round(total / count, 6),
+                        count=count, total_us=round(total, 6), max_us=round(longest, 6),
                         src_format=q[Q_SRC], dst_format=q[Q_DST], shape=q[Q_SHAPE], out_shape=q[Q_OUT_SHAPE],
                         dtype=q[Q_DTYPE], out_dtype=q[Q_OUT_DTYPE], prev_op=entry[E_PREV] or None,
                         next_op=entry[E_NEXT] or None, device=P.clean(entry[E_DEV]),
@@ -693,7 +728,8 @@ class Analyzer:
         r.task_types = sorted((TaskTypeTime(k, v[0], round(v[1], 3), _pct(v[1], compute_us))
                                for k, v in by_core.items()), key=lambda o: (-o.total_us, o.task_type))
         for key, k in self.kinds.items():
-            top = [self._instance(x[2]) for x in sorted(k.top, key=lambda x: (-x[0], x[1]))]
+            ranked = sorted(k.ops.items(), key=lambda kv: (-kv[1][1], kv[0]))[:_TOP_N]
+            top = [self._instance(a[3], a[0], a[1], a[2]) for _name, a in ranked]
             r.conversions.append(ConversionKind(
                 category=k.category, op_types=sorted(k.op_types), src=k.src, dst=k.dst, count=k.count,
                 total_us=round(k.total, 3), mean_us=k.total / k.count, min_us=k.min, max_us=k.max,
@@ -713,11 +749,16 @@ class Analyzer:
         r.ai_cpu_us = round(ai_us, 3)
         r.ai_cpu_pct = _pct(ai_us, compute_us)
         dev_total: dict[str, list] = {}
-        for st in self.streams.values():
-            t = dev_total.setdefault(P.clean(st.device) or "-", [0.0, 0.0, 0.0])
-            t[0] += st.total
-            t[1] += st.fmt
-            t[2] += st.layout
+        several = len([c for c in self.captures if c[1]]) > 1
+        for label, streams in self.captures:
+            for st in streams.values():
+                dev = P.clean(st.device) or "-"
+                if several:
+                    dev = f"{label}: {dev}" if dev != "-" else label
+                t = dev_total.setdefault(dev, [0.0, 0.0, 0.0])
+                t[0] += st.total
+                t[1] += st.fmt
+                t[2] += st.layout
         if len(dev_total) > 1:
             for dev, (tot, fmt, lay) in sorted(dev_total.items()):
                 ft = fmt + (lay if include_transpose else 0.0)
@@ -781,13 +822,15 @@ def suggest(r: ProfileReport) -> list[Suggestion]:
                 inputs.append((k, inst, c))
     if inputs:
         k, inst, c = inputs[0]
-        total = sum(i.duration_us for _, i, _ in inputs)
+        total = sum(i.total_us for _, i, _ in inputs)
+        runs = sum(i.count for _, i, _ in inputs)
         out.append(Suggestion(
             "input-format", "Convert the model input once, on the host or with AIPP",
             "The model input is converted NCHW→NC1HWC0 on the device: with ATC, pass --input_format to "
             "match the data you feed and, for inputs with C ≤ 4, --enable_small_channel=1 (with static "
             "AIPP via --insert_op_conf) so the first convolution reads a C0=4 layout.",
-            f"{len(inputs)} input conversion(s) {k.src}→{k.dst}, {_fmt_us(total)}; e.g. {inst.name} shape "
+            f"{len(inputs)} input conversion op(s) {k.src}→{k.dst} ({runs} runs), {_fmt_us(total)}; "
+            f"e.g. {inst.name} shape "
             f"[{inst.shape}]{' (C=' + str(c) + ')' if c is not None else ''}"
             f"{', first op on its stream' if inst.prev_op is None else ''}"))
     ncl = []
@@ -826,15 +869,26 @@ def suggest(r: ProfileReport) -> list[Suggestion]:
             "model's reshapes; check with --no-include-transpose how much is TransData alone.",
             f"Transpose family {_fmt_us(r.transpose_us)} ({r.transpose_pct:.1f} %) vs TransData "
             f"{_fmt_us(r.transdata_us)} ({r.transdata_pct:.1f} %)"))
-    if r.flagged and not out:
-        top = r.top_conversions(1, "format")
-        if top:
-            k = top[0]
+    if r.flagged:
+        covered = set()
+        for t in r.round_trips:
+            a, b = t.formats
+            covered |= {(a, b), (b, a)}
+        covered |= {(k.src, k.dst) for k, _i, _c in inputs}
+        rest = [k for k in r.top_conversions(20, "format") if (k.src, k.dst) not in covered][:3]
+        if rest:
+            parts = []
+            for k in rest:
+                i = k.top[0] if k.top else None
+                where = (f" (e.g. {i.name} between {i.prev_op or '(start)'} and {i.next_op or '(end)'})"
+                         if i is not None else "")
+                parts.append(f"{k.count} × {k.label}, {_fmt_us(k.total_us)} ({k.share_pct:.1f} %){where}")
             out.append(Suggestion(
-                "largest-conversion", f"Start with {k.label} conversions",
-                "These conversions take the most time; find the ops on either side (see the top "
-                "instances) and keep their data in one format.",
-                f"{k.count} × {k.label}, {_fmt_us(k.total_us)} ({k.share_pct:.1f} % of compute)"))
+                "largest-conversions", "Look at the ops around the largest remaining conversions",
+                "Each conversion sits between an op that produces one format and an op that needs another: "
+                "where the consumer is a reshape, transpose or an op without a private-format kernel, move "
+                "or replace it so neighbouring ops share one format.",
+                "; ".join(parts)))
     return out
 
 
@@ -867,6 +921,7 @@ def analyze_profile(path: str | os.PathLike, threshold: float | None = None,
             src = cap.used
             if src is None:
                 continue
+            an.begin_capture(_label(cap.root, disc.path))
             for p in src.paths:
                 stream = P.open_table(p, src.reader_kind)
                 if stream.kind == "stats":
@@ -887,6 +942,14 @@ def analyze_profile(path: str | os.PathLike, threshold: float | None = None,
     report.discovery = disc.to_dict()
     report.estimated = estimated or _looks_estimated(disc)
     return report
+
+
+def _label(root: Path, top: Path) -> str:
+    try:
+        rel = root.relative_to(top)
+        return rel.as_posix() if str(rel) != "." else root.name
+    except ValueError:
+        return root.name
 
 
 def _op_statistic_transdata_pct(paths: list[Path]) -> float | None:

@@ -645,6 +645,8 @@ class TraceOpStream(TableStream):
             if isinstance(e, dict) and e.get("ph") == "M" and e.get("name") == "process_name":
                 args = e.get("args")
                 pname = args.get("name") if isinstance(args, dict) else None
+                if not isinstance(e.get("pid"), (int, str)):
+                    continue
                 if pname == "Ascend Hardware":
                     hw.add(e.get("pid"))
                 elif isinstance(pname, str) and pname.upper().startswith(("HCCL", "COMMUNICATION")):
@@ -657,7 +659,7 @@ class TraceOpStream(TableStream):
             if not isinstance(e, dict) or e.get("ph") != "X":
                 continue
             pid = e.get("pid")
-            if pid not in hw and pid not in comm:
+            if not isinstance(pid, (int, str)) or (pid not in hw and pid not in comm):
                 continue
             try:
                 ts = float(str(e.get("ts")).strip())

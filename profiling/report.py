@@ -22,8 +22,9 @@ JSON schema ``npu-deploy/profile-report``, version 1 (``ProfileReport.to_json``)
 ``task_types``         [{task_type, count, total_us, share_pct}]
 ``conversions``        [{category (format|layout|dtype), op_types, src, dst, count, total_us, mean_us,
                        min_us, max_us, share_pct, shapes: [[shape, count]], top: [instance]}];
-                       instance: {name, op_type, duration_us, src_format, dst_format, shape,
-                       out_shape, dtype, out_dtype, prev_op, next_op, device, stream, file, line}
+                       instance (one op name): {name, op_type, duration_us (mean), count, total_us,
+                       max_us, src_format, dst_format, shape, out_shape, dtype, out_dtype, prev_op,
+                       next_op, device, stream, file, line} (where: its first run)
 ``round_trips``        [{formats: [A, B] (A→B→A), shape, count, saved_us, saved_pct, between,
                        examples: [[first, second]]}]
 ``suggestions``        [{id, title, detail, evidence}]
@@ -43,6 +44,7 @@ from __future__ import annotations
 
 import html
 import os
+import re
 
 from npu_deploy._io import atomic_write
 from npu_deploy.profiling.analyze import ConversionKind, ProfileReport
@@ -77,13 +79,15 @@ def render_text(r: ProfileReport, *, top: int = 10, width: int = 100) -> str:
     lines.append(f"  Device compute {fmt_us(r.compute_us)} in {r.compute_ops} tasks; communication "
                  f"{fmt_us(r.communication_us)} in {r.communication_ops} tasks (excluded); "
                  f"AI CPU {r.ai_cpu_pct:.1f} % ({len(r.ai_cpu_ops)} op types)")
+    if r.task_types:
+        tt = ", ".join(f"{t.task_type} {t.share_pct:.1f} %" for t in r.task_types[:6])
+        lines.append(f"  By task type: {_clip(tt, width + 40)}")
     for s in r.sources:
         lines.append(f"  {_clip(s, width + 40)}")
     if r.detail != "per-task":
         lines.append("  Only per-op-type totals were available: no conversion kinds, shapes or round trips.")
-    cc = r.cross_checks
-    if "op_statistic_transdata_pct" in cc:
-        lines.append(f"  Cross-check: op_statistic says TransData {cc['op_statistic_transdata_pct']:.1f} %")
+    for key, val in r.cross_checks.items():
+        lines.append(f"  Cross-check: {CROSS_CHECK_LABELS.get(key, key)}: {val:.1f} %")
     if r.devices:
         lines.append("")
         lines.append("Devices")
@@ -100,14 +104,14 @@ def render_text(r: ProfileReport, *, top: int = 10, width: int = 100) -> str:
             lines.append(f"  {_clip(kind_label(k), 28):<28} {_clip('/'.join(k.op_types), 10):<10} "
                          f"{k.count:>6} {fmt_us(k.total_us):>10} {fmt_us(k.mean_us):>9} "
                          f"{k.share_pct:>6.1f}%  {_clip(shapes, 40)}")
-        inst = sorted((i for k in conv for i in k.top), key=lambda i: -i.duration_us)[:top]
+        inst = sorted((i for k in conv for i in k.top), key=lambda i: (-i.total_us, i.name))[:top]
         lines.append("")
-        lines.append("Top conversion instances")
+        lines.append("Top conversion ops (total over their runs)")
         for i in inst:
             where = f"after {_clip(i.prev_op, 30) or '(start)'}, before {_clip(i.next_op, 30) or '(end)'}"
             fmts = f"{i.src_format or '?'}→{i.dst_format or '?'}"
-            lines.append(f"  {fmt_us(i.duration_us):>9}  {_clip(i.name, 36):<36} {_clip(fmts, 24):<24} "
-                         f"[{_clip(i.logical_shape or '?', 24)}]  {where}")
+            lines.append(f"  {fmt_us(i.total_us):>9} {'×' + str(i.count):>6}  {_clip(i.name, 34):<34} "
+                         f"{_clip(fmts, 24):<24} [{_clip(i.logical_shape or '?', 24)}]  {where}")
     if casts:
         lines.append("")
         lines.append("Casts (dtype conversions, not FormatTrans)")
@@ -155,6 +159,10 @@ word-break:break-all}
 .gauge .fill{position:absolute;left:0;top:0;bottom:0;border-radius:4px}
 .gauge .thr{position:absolute;top:-4px;bottom:-4px;border-left:2px dashed #1d232a}
 .gauge .thrlabel{position:absolute;top:30px;font-size:12px;transform:translateX(-50%);white-space:nowrap}
+.gauge .val{position:absolute;top:4px;margin-left:6px;font-size:13px;font-weight:600;white-space:nowrap}
+.gauge .scale{position:absolute;right:0;top:30px;font-size:11px;color:#5c6670}
+.gauge .zero{position:absolute;left:0;top:30px;font-size:11px;color:#5c6670}
+.nowrap{white-space:nowrap}
 .bars{display:grid;grid-template-columns:minmax(120px,240px) 1fr 150px;gap:3px 10px;align-items:center}
 .bar{height:16px;background:#8aa4c2;border-radius:2px;min-width:1px}
 .bar.format{background:#d9534f}.bar.layout{background:#f0ad4e}.bar.dtype{background:#b39ddb}
@@ -164,6 +172,13 @@ margin-right:4px;vertical-align:-1px;border-radius:2px}
 .sugg{border-left:4px solid #2f6fb0;background:#f4f8fc;padding:8px 12px;margin:8px 0}
 .sugg b{display:block}.ev{color:#44505c;font-size:13px;margin-top:4px}
 """
+
+
+CROSS_CHECK_LABELS = {
+    "op_statistic_transdata_pct": "TransData share by op_statistic",
+    "msprof_analyze_name_rule_pct": "msprof-analyze's name rule (kernel name contains cast|transdata|transpose)",
+}
+_OPTION = re.compile(r"(--[A-Za-z][\w.=-]*)")
 
 
 def _e(x) -> str:
@@ -190,7 +205,9 @@ def render_html(r: ProfileReport, *, top: int = 15) -> str:
     w(f"<div class='gauge' role='img' aria-label='FormatTrans {r.formattrans_pct:.1f} percent, threshold "
       f"{r.threshold_pct:g} percent'><div class='fill' style='width:{fill:.2f}%;background:{color}'></div>"
       f"<div class='thr' style='left:{thr:.2f}%'></div>"
-      f"<div class='thrlabel' style='left:{thr:.2f}%'>threshold {r.threshold_pct:g} %</div></div>")
+      f"<div class='val' style='left:{fill:.2f}%'>{r.formattrans_pct:.1f} %</div>"
+      f"<div class='thrlabel' style='left:{thr:.2f}%'>threshold {r.threshold_pct:g} %</div>"
+      f"<div class='scale'>{scale:.3g} %</div><div class='zero'>0</div></div>")
     w("<table><tr><th>what</th><th class='num'>time</th><th class='num'>tasks</th>"
       "<th class='num'>% of compute</th><th>counted as FormatTrans</th></tr>")
     rows = [("TransData (format conversion)", r.transdata_us, r.transdata_ops, r.transdata_pct, "yes"),
@@ -204,6 +221,9 @@ def render_html(r: ProfileReport, *, top: int = 15) -> str:
         w(f"<tr><td>{_e(name)}</td><td class='num'>{_e(fmt_us(us))}</td><td class='num'>{n}</td>"
           f"<td class='num'>{'' if pct is None else f'{pct:.1f} %'}</td><td>{_e(counted)}</td></tr>")
     w("</table>")
+    if r.task_types:
+        w("<p class='small'>By task type: " + " · ".join(
+            f"{_e(t.task_type)} {t.share_pct:.1f} % ({_e(fmt_us(t.total_us))})" for t in r.task_types) + "</p>")
     # bar chart of time by op type
     w("<h2>Device time by op type</h2>")
     w("<div class='legend small'><span><i style='background:#d9534f'></i>format conversion</span>"
@@ -245,14 +265,16 @@ def render_html(r: ProfileReport, *, top: int = 15) -> str:
               f"<td class='num'>{_e(fmt_us(k.mean_us))}</td><td class='num'>{k.share_pct:.1f} %</td>"
               f"<td>{shapes}</td></tr>")
         w("</table>")
-        inst = sorted((i for k in conv for i in k.top), key=lambda i: -i.duration_us)[:top]
-        w("<h2>Top conversion instances</h2><table><tr><th class='num'>time</th><th>op name</th>"
-          "<th>formats</th><th>shape</th><th>after</th><th>before</th><th>where</th></tr>")
+        inst = sorted((i for k in conv for i in k.top), key=lambda i: (-i.total_us, i.name))[:top]
+        w("<h2>Top conversion ops</h2><table><tr><th class='num'>total</th><th class='num'>runs</th>"
+          "<th class='num'>mean</th><th>op name</th><th>formats</th><th>shape</th><th>after</th><th>before</th>"
+          "<th>where (first run)</th></tr>")
         for i in inst:
             where = f"{i.file or ''}:{i.line}" if i.line is not None else (i.file or "")
             dev = f"device {i.device}, " if i.device else ""
             stream = f"stream {i.stream}" if i.stream else ""
-            w(f"<tr><td class='num'>{_e(fmt_us(i.duration_us))}</td><td><code>{_e(i.name)}</code></td>"
+            w(f"<tr><td class='num'>{_e(fmt_us(i.total_us))}</td><td class='num'>{i.count}</td>"
+              f"<td class='num'>{_e(fmt_us(i.duration_us))}</td><td><code>{_e(i.name)}</code></td>"
               f"<td>{_e(i.src_format or '?')}→{_e(i.dst_format or '?')}</td><td><code>{_e(i.logical_shape)}</code></td>"
               f"<td><code>{_e(i.prev_op or '(start)')}</code></td><td><code>{_e(i.next_op or '(end)')}</code></td>"
               f"<td class='small muted'>{_e(dev + stream)}<br>{_e(where)}</td></tr>")
@@ -275,7 +297,8 @@ def render_html(r: ProfileReport, *, top: int = 15) -> str:
     if not r.suggestions:
         w("<p class='muted'>Nothing to change on this evidence.</p>")
     for s in r.suggestions:
-        w(f"<div class='sugg'><b>{_e(s.title)}</b>{_e(s.detail)}<div class='ev'>Evidence: {_e(s.evidence)}</div></div>")
+        detail = _OPTION.sub(r"<code class='nowrap'>\1</code>", _e(s.detail))
+        w(f"<div class='sugg'><b>{_e(s.title)}</b>{detail}<div class='ev'>Evidence: {_e(s.evidence)}</div></div>")
     casts = [k for k in r.conversions if k.category == "dtype"]
     if casts:
         w("<h2>Casts (dtype conversions, not counted as FormatTrans)</h2><table><tr><th>dtypes</th>"
@@ -302,7 +325,7 @@ def render_html(r: ProfileReport, *, top: int = 15) -> str:
     for s in r.sources:
         w(f"<li>{_e(s)}</li>")
     for key, val in r.cross_checks.items():
-        w(f"<li>cross-check {_e(key)}: {val:.2f} %</li>")
+        w(f"<li>cross-check: {_e(CROSS_CHECK_LABELS.get(key, key))}: {val:.2f} %</li>")
     w("</ul>")
     if r.warnings:
         w("<h2>Warnings</h2><ul class='small'>")

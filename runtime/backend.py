@@ -373,7 +373,8 @@ class Backend:
                     raise InputError(f"input {m.name!r}: shape {_fmt_shape(arr.shape)} does not match the "
                                      f"model's {_fmt_shape(m.shape)} (axis {axis}: {got} != {want})",
                                      hint=self._shape_hint(m))
-            out[m.name] = np.ascontiguousarray(arr)
+            # not np.ascontiguousarray: it turns 0-d arrays into 1-d ones
+            out[m.name] = arr if arr.flags.c_contiguous else arr.copy(order="C")
         return out
 
     def _shape_hint(self, m: TensorMeta) -> str:

@@ -40,12 +40,42 @@ def _input_names(model: onnx.ModelProto) -> list[str]:
     return [i.name for i in model.graph.input if i.name not in inits]
 
 
-class NpuDeployRep(BackendRep):
-    """A prepared model: an active emulator session over the converted bundle."""
+def _is_static(model: onnx.ModelProto) -> bool:
+    inits = {i.name for i in model.graph.initializer}
+    for i in model.graph.input:
+        if i.name in inits:
+            continue
+        t = i.type
+        if t.HasField("tensor_type") and t.tensor_type.HasField("shape"):
+            if any(not d.HasField("dim_value") for d in t.tensor_type.shape.dim):
+                return False
+    return True
 
-    def __init__(self, backend: Any, input_names: list[str]):
-        self._backend = backend
-        self._input_names = input_names
+
+class NpuDeployRep(BackendRep):
+    """A prepared model: an active emulator session over the converted bundle.
+
+    A model with dynamic input dims is converted lazily, at the first ``run``, with the feeds' shapes
+    as ``input_shapes`` (the built-in lowering, like ATC, needs fixed shapes or gears); each new shape
+    signature converts once more.
+    """
+
+    def __init__(self, owner: type, model: onnx.ModelProto):
+        self._owner = owner
+        self._model = model
+        self._input_names = _input_names(model)
+        self._backends: dict[Any, Any] = {}
+        if _is_static(model):
+            self._backends[None] = owner._open(model, None)
+
+    def _backend_for(self, feeds: dict[str, Any]) -> Any:
+        if None in self._backends:
+            return self._backends[None]
+        shapes = {k: tuple(np.shape(v)) for k, v in feeds.items()}
+        key = tuple(sorted(shapes.items()))
+        if key not in self._backends:
+            self._backends[key] = self._owner._open(self._model, shapes)
+        return self._backends[key]
 
     def run(self, inputs: Any, **kwargs: Any) -> tuple[np.ndarray, ...]:
         if isinstance(inputs, dict):
@@ -53,13 +83,13 @@ class NpuDeployRep(BackendRep):
         else:
             if isinstance(inputs, np.ndarray):
                 inputs = [inputs]
-            metas = [m.name for m in self._backend.get_inputs()]
-            names = [n for n in self._input_names if n in metas] or metas
-            feeds = dict(zip(names, inputs))
-        return tuple(self._backend.run(None, feeds))
+            feeds = dict(zip(self._input_names, inputs))
+        return tuple(self._backend_for(feeds).run(None, feeds))
 
     def close(self) -> None:
-        self._backend.deactivate()
+        for be in self._backends.values():
+            be.deactivate()
+        self._backends.clear()
 
     def __del__(self) -> None:
         try:
@@ -82,23 +112,36 @@ class NpuDeployBackend(OnnxBackend):
         return device.upper().startswith("CPU")
 
     @classmethod
-    def _convert(cls, src: Path, out: Path) -> None:
+    def _convert(cls, src: Path, out: Path, input_shapes: dict | None) -> None:
         from npu_deploy import convert
 
-        convert(str(src), output=str(out), backend="builtin", precision_mode=cls.precision_mode)
+        convert(str(src), output=str(out), backend="builtin", precision_mode=cls.precision_mode,
+                input_shapes=input_shapes)
 
     @classmethod
-    def prepare(cls, model: onnx.ModelProto, device: str = "CPU", **kwargs: Any) -> NpuDeployRep:
+    def _open(cls, model: onnx.ModelProto, input_shapes: dict | None) -> Any:
         from npu_deploy.runtime.emulator import EmulatorBackend
 
         with tempfile.TemporaryDirectory(prefix="npu-deploy-conf-") as d:
             src = Path(d) / "model.onnx"
             onnx.save(model, src)
             out = Path(d) / "model.bundle"
-            cls._convert(src, out)
+            cls._convert(src, out, input_shapes)
             be = EmulatorBackend(out)
             be.activate()  # the bundle is fully read here; the folder can go
-        return NpuDeployRep(be, _input_names(model))
+        return be
+
+    @classmethod
+    def prepare(cls, model: onnx.ModelProto, device: str = "CPU", **kwargs: Any) -> NpuDeployRep:
+        return NpuDeployRep(cls, model)
+
+    @classmethod
+    def run_model(cls, model: onnx.ModelProto, inputs: Any, device: str = "CPU", **kwargs: Any):
+        rep = cls.prepare(model, device, **kwargs)
+        try:
+            return rep.run(inputs, **kwargs)
+        finally:
+            rep.close()
 
 
 class NpuDeployLoweringBackend(NpuDeployBackend):
@@ -113,13 +156,13 @@ class NpuDeployLoweringBackend(NpuDeployBackend):
     soc = "Ascend310P3"
 
     @classmethod
-    def _convert(cls, src: Path, out: Path) -> None:
+    def _convert(cls, src: Path, out: Path, input_shapes: dict | None) -> None:
         from npu_deploy.converters.convert import write_plan_bundle
         from npu_deploy.converters.onnx_model import load_model
         from npu_deploy.converters.planner import plan
         from npu_deploy.converters.support import check_graph
 
-        loaded = load_model(src)
+        loaded = load_model(src, input_shapes=input_shapes)
         opsets = {o.domain: o.version for o in loaded.model.opset_import}
         static = {} if loaded.gears else {**{i.name: i.shape for i in loaded.inputs}, **loaded.shapes}
         support = check_graph(loaded.model.graph, opsets, cls.soc, dtypes=loaded.dtypes, static_shapes=static,

@@ -132,6 +132,10 @@ class InferenceSession:
                                       hint="run .om files on an Ascend host with CANN installed "
                                            "(pyACL from set_env.sh), or convert with --backend builtin "
                                            "and use the CPU emulator") from e
+            if profile:
+                raise InputError(f"{self.path}: profile=True is for the emulator; a device run is profiled "
+                                 f"by msprof", hint="run under 'msprof --output=DIR python ...', then "
+                                                    "'npu-deploy profile DIR'")
             be = AclBackend(self.path, device_id=device_id)
         self.backend_name = backend
         self.device_id = device_id

@@ -75,3 +75,11 @@ def test_bad_input_exit_2(run_cli, files, tmp_path):
     assert code == 2 and "shape" in err
     code, _, err = run_cli("compare", good, good)
     assert code == 2 and "onnxruntime cannot load" in err
+
+
+def test_positional_input_file_is_used(run_cli, files, tmp_path):
+    ref, good, _ = files
+    np.save(tmp_path / "x.npy", np.full((1, 3, 6, 6), 0.5, np.float32))
+    code, _, err = run_cli("compare", ref, good, "--input", tmp_path / "x.npy", "--save-inputs", tmp_path / "s.npz")
+    assert code == 0, err
+    assert np.all(np.load(tmp_path / "s.npz")["x"] == 0.5)

@@ -119,3 +119,34 @@ def test_control_characters_from_the_file_are_escaped(tmp_path, run_cli):
     assert "\x1b" not in out and "\r" not in out
     assert "Ascend\\x1b[31m310P3\\x0d\\x0aFAKE" in out
     assert out.splitlines()[-1].startswith(".om for Ascend\\x1b")
+
+
+@pytest.mark.realmodel
+def test_inspect_before_and_after_converting_with_the_atc_standin(tmp_path, run_cli, real_model, monkeypatch):
+    """ONNX in, `.om` out of the ATC stand-in (tests/standins/atc), both inspected through the CLI."""
+    from pathlib import Path
+
+    standin = Path(__file__).resolve().parents[1] / "standins" / "atc"
+    monkeypatch.setenv("ASCEND_PROCESS_LOG_PATH", str(tmp_path / "logs"))
+    monkeypatch.delenv("ATC_STANDIN_MODE", raising=False)
+    src = real_model("ppocr_cls")
+    code, out, err = run_cli("inspect", src, "--json", tmp_path / "before.json")
+    assert code == 0, err
+    from npu_deploy.converters.convert import convert
+
+    om_path = tmp_path / "cls.om"
+    convert(src, om_path, backend="atc", atc=standin, soc="Ascend910B",
+            input_shapes={"x": (-1, 3, 48, 192)}, dynamic_batch=[1, 8])
+    code, out, err = run_cli("inspect", om_path, "--json", tmp_path / "after.json")
+    assert code == 0, err
+    before = json.loads((tmp_path / "before.json").read_text())
+    after = json.loads((tmp_path / "after.json").read_text())
+    assert after["kind"] == "om" and after["om"]["soc_version"] == "Ascend910B"
+    assert after["om"]["dynamic"] == {"mode": "batch", "gears": [[1], [8]]}
+    assert "--dynamic_batch_size=1,8" in after["om"]["atc_cmdline"]
+    # the model's own inputs first (in index order), then GE's gear input
+    assert [i["name"] for i in after["inputs"]] == [i["name"] for i in before["inputs"]] + \
+        ["ascend_mbatch_shape_data"]
+    assert after["inputs"][0]["shape"] == [-1, 3, 48, 192]
+    assert [o["name"] for o in after["outputs"]] == [o["name"] for o in before["outputs"]]
+    assert out.splitlines()[-1] == after["verdict"]

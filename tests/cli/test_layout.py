@@ -259,6 +259,13 @@ class TestConvertBadInput:
                                  "--to", "NC1HWC0")
         assert "does not exist" in one_line_error(code, out, err)
 
+    def test_decoding_only_format(self, run_cli, tmp_path, x_npy):
+        self.run(run_cli, tmp_path, x_npy, "OUT", "--from", "NCHW", "--to", "FRACTAL_ZN_LSTM", needle="decoding only")
+
+    def test_groups_on_a_format_without_groups(self, run_cli, tmp_path, x_npy):
+        self.run(run_cli, tmp_path, x_npy, "OUT", "--from", "NCHW", "--to", "NC1HWC0", "--groups", "2",
+                 needle="has no groups")
+
     def test_c0_disagrees_with_storage(self, run_cli, tmp_path):
         p = tmp_path / "d.npy"
         np.save(p, np.zeros((1, 1, 4, 4, 16), np.float16))

@@ -224,7 +224,25 @@ def test_argv_reaches_atc_unchanged_without_a_shell(tmp_path, model, monkeypatch
     argv = build_atc_argv(model, tmp_path / "o", soc="Ascend310P3", atc=STANDIN,
                           input_shapes={"x": (1, 3, 8, 8)}, extra_args=extras)
     run_atc(argv, log_dir=tmp_path / "logs")
-    assert json.loads(record.read_text())[1:] == argv[1:]
+    got = json.loads(record.read_text())[1:]
+    expected = argv[1:]
+    # everything verbatim except --output, which points into a private staging folder next to the
+    # destination with the same basename (so the model name in the .om header is unchanged)
+    out_i = next(i for i, a in enumerate(expected) if a.startswith("--output="))
+    assert got[:out_i] + got[out_i + 1:] == expected[:out_i] + expected[out_i + 1:]
+    staged = Path(got[out_i].split("=", 1)[1])
+    assert staged.name == "o" and staged.parent.parent == tmp_path
+    assert staged.parent.name.startswith(".atc-") and not staged.parent.exists()
+
+
+@pytest.mark.parametrize("mode", ["fail_EZ3003", "bad_magic", "hang"])
+def test_failures_leave_no_output_and_keep_an_existing_om(tmp_path, model, monkeypatch, mode):
+    old = tmp_path / "out.om"
+    old.write_bytes(b"IMOD previous model")
+    with pytest.raises(AtcError):
+        run(tmp_path, model, mode=mode, monkeypatch=monkeypatch, timeout=1.5)
+    assert old.read_bytes() == b"IMOD previous model"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["logs", "m.onnx", "out.om"]
 
 
 @pytest.mark.parametrize("code", ["E19010", "EZ9010", "EZ3002", "EZ3003", "EZ0501", "E40021",
@@ -301,6 +319,10 @@ def test_hand_made_argv_violating_the_contract(tmp_path, model):
     with pytest.raises(AtcError) as info:
         run_atc(base + ["--framework=5"], log_dir=tmp_path / "l")
     assert info.value.codes == ["E10004"]
+    with pytest.raises(AtcError) as info:   # an --output with .om (ATC would write x.om.om)
+        run_atc([str(STANDIN), f"--model={model}", f"--output={tmp_path / 'o.om'}",
+                 "--framework=5", "--soc_version=Ascend310P3"], log_dir=tmp_path / "l")
+    assert info.value.codes == ["E10001"] and "without .om" in str(info.value)
     with pytest.raises(AtcError) as info:   # gflags error, exit 1, no code
         run_atc(base + ["--framework", "5"], log_dir=tmp_path / "l")
     assert info.value.returncode == 1 and "not of the form" in str(info.value)
@@ -462,3 +484,12 @@ def test_console_progress_and_user_log_path(tmp_path, model, monkeypatch):
     with pytest.raises(AtcError):
         run_atc(argv, on_line=on_line, on_tick=on_tick)
     assert any("EZ3003:" in ln for ln in buf.getvalue().splitlines())
+
+
+def test_scalar_input_and_colon_in_name(tmp_path):
+    model = make_model(tmp_path / "c.onnx", inputs=(("input:0", [1, 4]), ("s", [])))
+    argv = build_atc_argv(model, tmp_path / "c", soc="Ascend310P3", atc=STANDIN,
+                          input_shapes={"input:0": (1, 4), "s": ()})
+    assert "--input_shape=input:0:1,4;s:" in argv          # ATC's syntax for a scalar: "name:"
+    r = run_atc(argv, log_dir=tmp_path / "logs")
+    assert read_header(r.om_path)[0] == b"IMOD"

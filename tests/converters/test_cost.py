@@ -386,8 +386,10 @@ def test_real_model_ops_all_estimated(real_model, name, shapes):
         kernels = [o for o in r.ops if o.unit != "none"]
         assert kernels and all(o.est_us >= SOC_PROFILES[soc].launch_us for o in kernels)
         assert r.formattrans_share == 0.0 and bool(r)
-    # cube work is where the model's arithmetic is: cross-check Conv/MatMul outputs against
-    # onnxruntime-derived shapes (independent of onnx shape inference)
+    if name == "minilm":
+        return  # the cross-check below runs the 69 MB model again; the CNNs cover it
+    # cube work is where the model's arithmetic is: cross-check MatMul/Gemm against shapes
+    # measured with onnxruntime where shape inference left them open
     shp, _ = model_tensor_types(model, input_shapes=shapes)
     by_name = {o.name: o for o in ops}
     for i, node in enumerate(model.graph.node):

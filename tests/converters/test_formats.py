@@ -438,3 +438,14 @@ def test_every_packable_format_has_one_entry_and_describes_itself():
         assert want in names
     for f in packable:
         assert f.name in f.describe() and "->" in f.describe()
+
+
+def test_docstring_examples_run():
+    """The examples in the module's docstrings are executed, so they cannot rot."""
+    import doctest
+
+    from npu_deploy.converters import _fastcopy
+
+    for mod in (F, _fastcopy):
+        result = doctest.testmod(mod, optionflags=doctest.ELLIPSIS)
+        assert result.failed == 0 and result.attempted > 0, mod.__name__

@@ -3,8 +3,11 @@ pair of same-shape views (transposed, sliced, reversed, overlapping-free), dtype
 
 from __future__ import annotations
 
+import os
+
 import ml_dtypes
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -22,11 +25,10 @@ def view_pairs(draw):
         # a larger base array, then a transpose, a slice with steps (maybe negative) down to ``shape``
         perm = draw(st.permutations(range(ndim)))
         steps = [draw(st.sampled_from([1, 1, 2, -1])) for _ in range(ndim)]
-        base_shape = [0] * ndim
-        for axis, p in enumerate(perm):
-            base_shape[p] = shape[axis] * abs(steps[axis]) + draw(st.integers(0, 2))
+        base_shape = [shape[a] * abs(steps[a]) + draw(st.integers(0, 2)) for a in range(ndim)]
         raw = rng.integers(0, 256, size=int(np.prod(base_shape)) * np.dtype(dtype).itemsize, dtype=np.uint8)
-        base = raw.view(dtype).reshape(base_shape).transpose(np.argsort(perm))
+        # memory laid out in ``perm`` order, seen in logical order
+        base = raw.view(dtype).reshape([base_shape[p] for p in perm]).transpose(np.argsort(perm))
         index = []
         for axis in range(ndim):
             n, st_ = shape[axis], steps[axis]
@@ -41,28 +43,39 @@ def view_pairs(draw):
 
 @settings(max_examples=300, deadline=None)
 @given(view_pairs(), st.sampled_from([1, 64]), st.sampled_from([64, 1 << 20]), st.booleans())
-def test_copy_equals_plain_assignment(pair, small, task_bytes, threads, monkeypatch=None):
+def test_copy_equals_plain_assignment(pair, small, task_bytes, threads):
     dst, src = pair
     expect = dst.copy()
     expect[...] = src
     old = (_fastcopy._SMALL, _fastcopy._TASK_BYTES, _fastcopy._PARALLEL_BYTES)
+    old_env = os.environ.get("NPU_DEPLOY_THREADS")
     try:
         _fastcopy._SMALL, _fastcopy._TASK_BYTES = small, task_bytes
         _fastcopy._PARALLEL_BYTES = 1 if threads else 1 << 40
+        os.environ["NPU_DEPLOY_THREADS"] = "2"  # use the pool even on a busy machine
         _fastcopy.copy(dst, src)
     finally:
         _fastcopy._SMALL, _fastcopy._TASK_BYTES, _fastcopy._PARALLEL_BYTES = old
+        if old_env is None:
+            os.environ.pop("NPU_DEPLOY_THREADS", None)
+        else:
+            os.environ["NPU_DEPLOY_THREADS"] = old_env
     assert dst.tobytes() == expect.tobytes()
 
 
-def test_nz_like_block_gather_and_hoisted_copy(monkeypatch):
+@pytest.mark.parametrize("index_tile", [1 << 16, 8])
+def test_nz_like_block_gather_and_hoisted_copy(monkeypatch, index_tile):
     monkeypatch.setattr(_fastcopy, "_SMALL", 1)
     monkeypatch.setattr(_fastcopy, "_TASK_BYTES", 8192)
+    monkeypatch.setattr(_fastcopy, "_TAKE_INDEX", index_tile)                # also the column-chunked gather
     rng = np.random.default_rng(0)
     x = rng.standard_normal((100, 96)).astype(np.float16)                 # NZ: 32-byte row blocks move
     dst = np.empty((6, 100, 16), np.float16)
     _fastcopy.copy(dst.transpose(1, 0, 2), x.reshape(100, 6, 16))
     assert np.array_equal(dst, x.reshape(100, 6, 16).transpose(1, 0, 2))
+    back = np.empty_like(x)
+    _fastcopy.copy(back.reshape(100, 6, 16), dst.transpose(1, 0, 2))       # and the NZ unpack direction
+    assert np.array_equal(back, x)
     a = rng.standard_normal((3, 16, 40, 50)).astype(np.float16)            # 5HD: the short C0 is hoisted
     out = np.empty((3, 40, 50, 16), np.float16)
     _fastcopy.copy(out.transpose(0, 3, 1, 2), a)

@@ -294,6 +294,7 @@ def test_fast_path_equals_plain_numpy_on_larger_tensors(fmt, shape, c0, dtype, m
     monkeypatch.setattr(_fastcopy, "_SMALL", 1)
     monkeypatch.setattr(_fastcopy, "_TASK_BYTES", 4096)
     monkeypatch.setattr(_fastcopy, "_PARALLEL_BYTES", 1)
+    monkeypatch.setenv("NPU_DEPLOY_THREADS", "2")
     x = random_array(np.random.default_rng(1), shape, dtype)
     old = _fastcopy.ENABLED
     try:
@@ -322,3 +323,99 @@ def test_non_contiguous_and_strided_inputs():
     assert_same_bytes(got, F.pack(np.ascontiguousarray(x), "NC1HWC0"))
     m = random_array(np.random.default_rng(4), (300, 200), np.float16).T
     assert_same_bytes(F.pack(m, "FRACTAL_NZ"), F.pack(np.ascontiguousarray(m), "FRACTAL_NZ"))
+
+
+# ---------------------------------------------------------------------------------- real weights
+def model_constants(path):
+    """name -> array of every initializer and Constant-node tensor of a real ONNX model."""
+    import onnx
+    from onnx import numpy_helper
+
+    model = onnx.load(str(path))
+    values = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    for node in model.graph.node:
+        if node.op_type == "Constant" and node.attribute and node.attribute[0].HasField("t"):
+            values[node.output[0]] = numpy_helper.to_array(node.attribute[0].t)
+    return model, values
+
+
+def oracle_pack_vectorised(x, storage, off):
+    flat = np.zeros(int(np.prod(storage)), x.dtype)
+    flat[np.asarray(off(*np.indices(x.shape)))] = x
+    return flat.reshape(storage)
+
+
+@pytest.mark.realmodel
+@pytest.mark.parametrize("name", ["ppocr_cls", "ppocr_rec"])
+def test_real_weights_against_oracle(real_model, name):
+    """Every Conv weight (grouped and depthwise included, with the model's own ``group``) to FRACTAL_Z,
+    every constant MatMul weight to FRACTAL_Z (FC) and FRACTAL_NZ, as fp16 and int8 bytes."""
+    from onnx import helper
+
+    model, values = model_constants(real_model(name))
+    n_conv = n_grouped = n_matmul = 0
+    for node in model.graph.node:
+        if node.op_type == "Conv" and node.input[1] in values:
+            w = values[node.input[1]]
+            groups = next((helper.get_attribute_value(a) for a in node.attribute if a.name == "group"), 1)
+            for dtype in (np.float16, np.int8):
+                x = w.astype(dtype) if dtype == np.float16 else w.view(np.uint8)[..., ::4].astype(np.int8)
+                x = np.ascontiguousarray(x)
+                c0 = F.default_c0(dtype)
+                if groups == 1:
+                    storage, off = o_fz(x.shape, c0)
+                    got = F.pack(x, "FRACTAL_Z")
+                else:
+                    hwcn = np.ascontiguousarray(x.transpose(2, 3, 1, 0))
+                    storage, off = o_fz_groups(hwcn.shape, c0, groups)
+                    got = F.pack(x, "FRACTAL_Z", groups=groups)          # given as NCHW
+                    x = hwcn
+                    n_grouped += 1
+                assert_same_bytes(got, oracle_pack_vectorised(x, storage, off))
+                back = F.unpack(got, "FRACTAL_Z", x.shape, groups=groups, origin="HWCN" if groups > 1 else None)
+                assert_same_bytes(back, x)
+            n_conv += 1
+        elif node.op_type == "MatMul" and node.input[1] in values and values[node.input[1]].ndim == 2:
+            w = values[node.input[1]].astype(np.float16)
+            storage, off = o_fz_2d(w.shape, 16)
+            assert_same_bytes(F.pack(w, "FRACTAL_Z"), oracle_pack_vectorised(w, storage, off))
+            storage, off = o_nz(w.shape, 16)
+            nz = F.pack(w, "FRACTAL_NZ")
+            assert_same_bytes(nz, oracle_pack_vectorised(w, storage, off))
+            assert_same_bytes(F.unpack(nz, "FRACTAL_NZ", w.shape), w)
+            n_matmul += 1
+    assert n_conv > 30 and n_grouped > 5
+    if name == "ppocr_rec":
+        assert n_matmul > 0
+
+
+def o_fz3d_groups(shape_ncdhw, c0, g):
+    """§4.6 applied to FRACTAL_Z_3D with D after the group index, as msit's ``to_fractal_z_3d``
+    orders it: (real_g, d, cin1_g, h, w, cout_g, c0)."""
+    cout, cin_g, d_, h_, w_ = shape_ncdhw
+    cout_g = cout // g
+    lcm = np.lcm
+    e = min(int(lcm(lcm(cin_g, c0) // cin_g, lcm(cout_g, 16) // cout_g)), g)
+    cin_opt = ceil(e * cin_g, c0) * c0
+    cout_opt = ceil(e * cout_g, 16) * 16
+    c1 = cin_opt // c0
+
+    def off(n, c, d, h, w):
+        gi, nl = divmod(n, cout_g)
+        ev = gi % e
+        ci, co = ev * cin_g + c, ev * cout_g + nl
+        return ((((((gi // e) * d_ + d) * c1 + ci // c0) * h_ + h) * w_ + w) * cout_opt + co) * c0 + ci % c0
+
+    return (ceil(g, e) * d_ * c1 * h_ * w_, cout_opt // 16, 16, c0), off
+
+
+@pytest.mark.parametrize("shape,groups", [((8, 3, 2, 3, 3), 2), ((48, 1, 2, 3, 3), 48), ((12, 5, 1, 2, 2), 3),
+                                          ((64, 4, 3, 1, 1), 16)])
+@pytest.mark.parametrize("dtype", [np.float16, np.int8])
+def test_grouped_fractal_z_3d_against_oracle(shape, groups, dtype):
+    x = random_array(np.random.default_rng(7), shape, dtype)
+    storage, off = o_fz3d_groups(shape, F.default_c0(dtype), groups)
+    assert F.storage_shape("FRACTAL_Z_3D", shape, dtype, groups=groups) == storage
+    got = F.pack(x, "FRACTAL_Z_3D", groups=groups)
+    assert_same_bytes(got, oracle_pack_vectorised(x, storage, off))
+    assert_same_bytes(F.unpack(got, "FRACTAL_Z_3D", shape, groups=groups), x)

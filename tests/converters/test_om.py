@@ -242,7 +242,7 @@ def test_encrypted_and_foreign_containers(tmp_path):
     assert read_om(pico).variant == "PICO" and not is_om(pico)
     zipped = tmp_path / "model.om2"
     zipped.write_bytes(b"PK\x03\x04" + bytes(100))
-    assert read_om(zipped).variant == "OM2"
+    assert read_om(zipped).variant == "ZIP"
     with pytest.raises(OmError, match="ATC .om files only"):
         preflight_info(zipped)
 
@@ -316,7 +316,7 @@ def test_bad_container_is_one_clear_error(tmp_path, mutate, message):
     (b"\x09\x01", "fixed64 runs past"),
     (b"\x08\x01", "wire type 0, expected 2"),                       # ModelDef.name as a varint
     (b"\x3a\x04\x32\x02\x10\x01", "OpDef.type"),                     # graph.op.type as a varint
-    (b"\x3a\x06\x32\x04\x8a\x02\x01\x0f", "wire type 7"),            # op.input_desc holds wire type 7
+    (b"\x3a\x0c\x32\x0a\x12\x04Data\x8a\x02\x01\x0f", "wire type 7"),  # a Data op's input_desc: wire type 7
 ])
 def test_malformed_modeldef_is_one_clear_error(tmp_path, model_def, message):
     p = _write(tmp_path, build_om_bytes(model_def=model_def))
@@ -359,3 +359,30 @@ def test_subgraph_ops_are_counted(tmp_path):
     m = read_om(path).main
     assert m.graphs == ["model", "model_sub_1", "model_sub_2"]
     assert m.op_types["Relu"] == 2 and m.layout_ops[0].graph == "model_sub_2"
+
+
+def test_absurd_rank_is_refused(tmp_path):
+    p = build_om(tmp_path / "r.om", inputs=[tensor("x", "float32", [1] * 129)], outputs=[tensor("y")])
+    with pytest.raises(OmError, match="absurd rank of 129"):
+        read_om(p)
+
+
+def _ld(field: int, payload: bytes) -> bytes:
+    """Hand-encode a length-delimited protobuf field (keys and lengths below 128 bytes here)."""
+    assert len(payload) < 128 and field < 16
+    return bytes([field << 3 | 2, len(payload)]) + payload
+
+
+def test_unpacked_repeated_dims_and_unknown_fields_are_accepted(tmp_path):
+    # ShapeDef.dim written unpacked (one varint per dim), plus unknown fields of every wire type
+    shape = b"\x08\x02" + b"\x08\x03" + b"\x08" + b"\xff" * 9 + b"\x01"      # dims 2, 3, -1
+    unknown = b"\x78\x05" + b"\x79" + bytes(8) + b"\x7d" + bytes(4) + _ld(14, b"xyz")  # fields 15 (0, 1, 5), 14
+    desc = _ld(1, b"x") + b"\x10\x02" + _ld(3, shape) + _ld(4, b"NHWC") + unknown
+    data_op = _ld(1, b"x") + _ld(2, b"Data") + bytes([0x92, 0x02, len(desc)]) + desc  # output_desc (34)
+    graph = _ld(1, b"g") + _ld(6, data_op)
+    model_def = _ld(1, b"hand") + b"\x10\x02" + _ld(7, graph) + unknown
+    p = tmp_path / "hand.om"
+    p.write_bytes(build_om_bytes(model_def=model_def))
+    om = read_om(p)
+    assert om.main.name == "hand"
+    assert [(t.name, t.dtype, t.shape, t.format) for t in om.inputs] == [("x", "float16", [2, 3, -1], "NHWC")]

@@ -110,6 +110,23 @@ def test_not_flagged_has_no_generic_suggestion(tmp_path):
     assert r.verdict() == "FormatTrans 5.0 % of device compute (threshold 8 %): ok"
 
 
+def test_repeated_iterations_aggregate_per_op(tmp_path):
+    step = [op("Conv_0", "Conv2D", "AI_CORE", "70.000"),
+            td("trans_TransData_1", "NC1HWC0", "NCHW", "1,4,8,8,16", "1,64,8,8", "10.000"),
+            op("Relu_1", "Relu", "AI_VECTOR_CORE", "10.000"),
+            td("trans_TransData_2", "NCHW", "NC1HWC0", "1,64,8,8", "1,4,8,8,16", "10.000")]
+    rows = step * 3
+    rows[5] = dict(rows[5], dur="16.000")   # the second run of trans_TransData_1 is slower
+    r = analyze_profile(write_csv(tmp_path / "op_summary_0_1.csv", rows))
+    k = {(c.src, c.dst): c for c in r.conversions}[("NC1HWC0", "NCHW")]
+    (i,) = k.top
+    assert (i.name, i.count, i.total_us, i.max_us) == ("trans_TransData_1", 3, 36.0, 16.0)
+    assert i.duration_us == pytest.approx(12.0) and i.line == 3 and i.prev_op == "Conv_0"
+    (t,) = r.round_trips
+    assert t.count == 3 and t.saved_us == pytest.approx(66.0)
+    assert t.examples == [["trans_TransData_1", "trans_TransData_2"]]   # not repeated per run
+
+
 def test_several_devices(tmp_path):
     rows = [dict(x, device="0") for x in flagged_rows()] + [
         op("MatMul_0", "MatMulV2", "AI_CORE", "100.000", device="1")]

@@ -92,10 +92,11 @@ json_values = st.recursive(st.one_of(st.none(), st.booleans(), st.integers(), st
 
 @st.composite
 def timeline(draw):
-    events = [{"ph": "M", "name": "process_name", "pid": 1, "args": {"name": "Ascend Hardware"}}]
+    events = [{"ph": "M", "name": "process_name", "pid": draw(st.sampled_from([1, [1]])),
+               "args": {"name": "Ascend Hardware"}}]
     for _ in range(draw(st.integers(0, 8))):
         ev = {"ph": "X", "name": draw(st.sampled_from(["trans_TransData_1", "MatMul", "hcom_x", ""])),
-              "pid": draw(st.sampled_from([1, 2, "1", None])), "tid": draw(st.sampled_from([0, 1, "s", None, [1]])),
+              "pid": draw(st.sampled_from([1, 2, "1", None, [1], {"a": 1}, 1.5])), "tid": draw(st.sampled_from([0, 1, "s", None, [1]])),
               "ts": draw(st.one_of(st.text(max_size=6), st.floats(), st.integers())),
               "dur": draw(st.one_of(st.floats(), st.integers(), st.text(max_size=4), st.none())),
               "args": draw(st.one_of(json_values, st.just({"Task Type": "AI_CORE"})))}

@@ -148,3 +148,6 @@ def test_parent_folder_of_captures(tmp_path):
     single = analyze_profile(LLM)
     assert r.compute_us == pytest.approx(2 * single.compute_us)
     assert r.cast_pct == pytest.approx(single.cast_pct)
+    # one line per rank: the two captures are not merged into one "device 0"
+    assert sorted(d.device for d in r.devices) == ["host_0_20251128120000000_ascend_pt: 0",
+                                                   "host_1_20251128120000000_ascend_pt: 0"]

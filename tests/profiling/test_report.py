@@ -24,9 +24,9 @@ def test_text_verdict_first_then_tables(report):
     text = render_text(report)
     lines = text.splitlines()
     assert lines[0] == report.verdict() and "FLAGGED" in lines[0]
-    assert "Conversion kinds" in text and "Top conversion instances" in text and "Round trips" in text
+    assert "Conversion kinds" in text and "Top conversion ops" in text and "Round trips" in text
     assert "FRACTAL_NZ→ND→FRACTAL_NZ" in text and "Suggestions" in text
-    kinds = text[text.index("Conversion kinds"):text.index("Top conversion instances")]
+    kinds = text[text.index("Conversion kinds"):text.index("Top conversion ops")]
     assert "NCHW→NC1HWC0" in kinds and "FRACTAL_NZ→ND" in kinds
 
 

@@ -253,3 +253,10 @@ def test_tensor_meta_normalises():
     m = TensorMeta("x", [1, -1], "float16", device_shape=[1, 1, 16, 16], gears=[[1, 2]])
     assert m.dtype == np.float16 and m.shape == (1, -1) and m.gears == ((1, 2),)
     assert m.to_dict()["dtype"] == "float16"
+
+
+def test_scalar_inputs_keep_rank_0():
+    b = Recorder([TensorMeta("s", (), np.float32)], [TensorMeta("o", (), np.float32)], lambda f: {"o": f["s"] * 2})
+    with b:
+        (o,) = b.run(None, {"s": np.float32(1.5)})
+    assert b.calls[0][1]["s"].shape == () and o.shape == () and o == 3.0

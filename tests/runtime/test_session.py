@@ -112,3 +112,28 @@ def test_eight_threads_identical_results(bundle):
         [t.start() for t in ts]
         [t.join() for t in ts]
     assert bad == []
+
+
+def test_closed_at_interpreter_exit(bundle, tmp_path):
+    """A session left open is closed by the atexit hook: its (estimated) profile gets written."""
+    import subprocess
+    import sys
+
+    path, _ = bundle
+    prof = tmp_path / "prof"
+    code = (f"import numpy as np\nfrom npu_deploy import InferenceSession\n"
+            f"s = InferenceSession({str(path)!r}, profile=True, profile_dir={str(prof)!r})\n"
+            f"s.run(None, {{'x': np.ones((1, 3, 6, 6), np.float32)}})\n"
+            f"_keep = [s]\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert len(list(prof.glob("PROF_*/mindstudio_profiler_output/op_summary_*.csv"))) == 1
+
+
+def test_profile_on_device_path_is_refused_clearly(tmp_path):
+    from tests.standins.omfile import build_om, tensor
+
+    om = build_om(tmp_path / "m.om", inputs=[tensor("x", "float32", [1, 4], "ND")],
+                  outputs=[tensor("y", "float32", [1, 4], "ND")])
+    with pytest.raises((InputError, DependencyError)):
+        InferenceSession(om, profile=True)

@@ -29,13 +29,15 @@ Conventions this builder follows (mirrored by GE, and what the ACL stand-in read
 * tensor formats: ``TensorDescriptor.layout`` holds the primary format name; when a packed
   ge::Format word is given (an int, e.g. ``516`` = FRACTAL_Z groups 2) it is also stored as the int
   attr ``format``; ``origin_format`` is a string attr;
-* ``TensorDescriptor.size`` is the device byte size (largest gear for gear models);
+* ``TensorDescriptor.size`` is the device byte size (default: shape x itemsize, at the largest gear
+  for gear models; pass ``size=`` in :func:`tensor` for padded device formats);
 * gear models: an extra last ``Data`` input ``ascend_mbatch_shape_data`` (int32), data inputs carry
   ``_mbatch_origin_input_dims`` (dims with -1) while their ``output_desc`` has the largest gear; a
   ``Case`` op carries ``batch_num``, ``_pred_value_<i>`` (list int per gear) and
   ``mbatch_dynamic_type`` (1 batch, 2 image size, 3 dims);
-* model attrs: ``soc_version``, ``atc_version``, ``framework_type``, ``atc_cmdline`` (when given),
-  ``memory_size``, ``weight_size``, ``stream_num``, ``event_num``, ``om_info_list``.
+* model attrs: ``soc_version``, ``atc_version``, ``framework_type``, ``atc_cmdline`` (each when not
+  None), ``memory_size``, ``weight_size``, ``stream_num``, ``event_num``, ``attr_model_out_nodes_name``,
+  plus anything in ``model_attrs`` (e.g. ``{"om_info_list": [...]}``).
 """
 
 from __future__ import annotations

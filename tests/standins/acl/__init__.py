@@ -13,7 +13,7 @@ if __name__ != "acl":  # pragma: no cover - guard against a second, separate cop
 
 import atexit
 
-from acl._core import DEVICE_BASE, S, api
+from acl._core import S, api
 
 from acl import mdl, rt, util  # noqa: E402  (submodules, as in the real module)
 from acl import _standin  # noqa: E402,F401
@@ -111,4 +111,4 @@ atexit.register(_at_exit)
 
 __all__ = ["init", "finalize", "get_soc_name", "get_version", "get_recent_err_msg", "create_data_buffer",
            "destroy_data_buffer", "get_data_buffer_addr", "get_data_buffer_size", "get_data_buffer_size_v2",
-           "update_data_buffer", "data_type_size", "rt", "mdl", "util", "DEVICE_BASE"]
+           "update_data_buffer", "data_type_size", "rt", "mdl", "util"]
