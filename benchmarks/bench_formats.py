@@ -276,8 +276,8 @@ when the machine has an idle core, runs them on a small thread pool (numpy relea
 copying). Below 512 Ki elements it is a plain `dst[...] = src` (the Python overhead would dominate).
 
 **Result: the ≥ 50 % of copy bandwidth target is not met.** Per core (CPU-time column) the shipped
-path reaches about 20–30 % of `np.copyto`; it is 1.8–2.7× the naive pad + transpose for NC1HWC0 and
-FRACTAL_NZ packing and on par with plain numpy elsewhere (numpy already picks a good loop order for
+path reaches about 20–30 % of `np.copyto`; it is 1.5–3× the naive pad + transpose for NC1HWC0 and
+FRACTAL_NZ packing and on par (±10 % CPU time) with plain numpy elsewhere (numpy already picks a good loop order for
 the unpack directions and for 3×3 FRACTAL_Z, whose 9-element H·W runs leave no long axis to loop
 along). It never allocates more than the output (peak 1.00×; with `out=` nothing but a cached
 ≤ 512 KiB `np.take` index). The floor is numpy's per-element strided loop: a 2-byte element that

@@ -34,7 +34,8 @@ Public API (used by ``convert(backend="atc")`` and ``npu-deploy convert --backen
         # Exit != 0 -> AtcError(codes, details=[{code, message, possible_cause, solution,
         # traceback, node, op_type, opset}], log_path, returncode) with a hint for common codes.
         # Exit 0 -> <output>*.om must exist and start with b"IMOD", else AtcError.
-        # ATC's logs go to log_dir (default: a new temp dir) via ASCEND_PROCESS_LOG_PATH.
+        # ATC's logs go to log_dir (default: $ASCEND_PROCESS_LOG_PATH if set, else a new temp dir
+        # that is kept after a failure and removed after a success) via ASCEND_PROCESS_LOG_PATH.
     atc_convert(model, output, *, soc, atc=None, timeout=None, on_line=None, on_tick=None,
                 **build_kwargs) -> AtcResult                # require_atc + build_atc_argv + run_atc
     parse_atc_errors(text: str) -> list[dict]               # the ErrorManager blocks of ATC output
@@ -65,15 +66,12 @@ import subprocess
 import tempfile
 import threading
 import time
-from pathlib import Path
 from typing import Any, Callable, ClassVar, Iterable, Mapping, Sequence
 
 from npu_deploy._result import Result
 from npu_deploy.errors import AtcError, DependencyError, InputError
 
 OM_MAGIC = b"IMOD"
-SUCCESS_LINE = "ATC run success"
-FAILED_LINE = "ATC run failed"
 
 PRECISION_MODES = ("force_fp16", "force_fp32", "cube_fp16in_fp32out", "allow_fp32_to_fp16",
                    "must_keep_origin_dtype", "allow_mix_precision", "allow_mix_precision_fp16",
@@ -600,8 +598,8 @@ def run_atc(argv: Sequence[str], *, timeout: float | None = None,
 
     ``env`` replaces the inherited environment (``os.environ`` by default).
     ``ASCEND_PROCESS_LOG_PATH`` is pointed at ``log_dir`` (default: the user's own
-    ``ASCEND_PROCESS_LOG_PATH``, else a new temp dir that is kept for the user to read) so this
-    run's plog can be found and reported as ``log_path``.
+    ``ASCEND_PROCESS_LOG_PATH``, else a new temp dir, kept after a failure for the user to read
+    and removed after a success) so this run's plog can be found and reported as ``log_path``.
     """
     argv = [os.fspath(a) for a in argv]
     if not argv:
@@ -630,12 +628,14 @@ def _run_staged(argv: list[str], run_argv: list[str], output: str, staged: str, 
                 timeout: float | None, on_line, on_tick, env, cwd, log_dir) -> AtcResult:
     model = _model_of(argv)
     full_env = dict(os.environ if env is None else env)
+    own_log_dir = False
     if log_dir is not None:
         log_root = os.fspath(log_dir)
     elif full_env.get("ASCEND_PROCESS_LOG_PATH"):
         log_root = full_env["ASCEND_PROCESS_LOG_PATH"]      # the user chose where logs go
     else:
-        log_root = tempfile.mkdtemp(prefix="atc-log-")     # kept: the error message points here
+        log_root = tempfile.mkdtemp(prefix="atc-log-")     # kept on failure: the error points here
+        own_log_dir = True
     os.makedirs(log_root, exist_ok=True)
     full_env["ASCEND_PROCESS_LOG_PATH"] = log_root
     t0 = time.monotonic()
@@ -728,6 +728,9 @@ def _run_staged(argv: list[str], run_argv: list[str], output: str, staged: str, 
                        returncode=rc, log_path=log_path,
                        hint="the file is not an ATC offline model; re-run ATC")
     os.replace(om, final)
+    if own_log_dir:  # a temp log folder nobody asked for: drop it once ATC has succeeded
+        shutil.rmtree(log_root, ignore_errors=True)
+        log_path = None
     return AtcResult(argv=argv, returncode=rc, elapsed_s=elapsed, om_path=final, output=lines,
                      warnings=warnings, log_path=log_path)
 

@@ -78,7 +78,6 @@ import dataclasses
 import json
 import math
 import os
-from pathlib import Path
 from typing import Any, ClassVar, Iterable, Mapping, Sequence
 
 import numpy as np

@@ -163,6 +163,10 @@ class Layout:
     ``blocks``: known elementary sizes, an int or ``"C0"``; any other elementary axis is derived
     (the single unknown axis of a left group is ``ceil(length / product of the known ones)``).
     ``rank``: required rank for ``"..."`` layouts (``None``: any rank >= ``min_rank``).
+    ``expand``: the rank-expansion rule for shorter shapes: ``"fe"`` (FE's default reshape type of
+    the origin, §2: NCHW 1-D ``C``, 2-D ``CH``, 3-D ``CHW``; NHWC ``C``/``HW``/``HWC``; HWCN
+    ``C``/``CN``/``WCN``), ``"row"`` (1-D ``[n]`` is ``[1, n]``, GE's FRACTAL_NZ rule, §4.10),
+    ``"column"`` (1-D ``[k]`` is ``[k, 1]``) or ``""`` (none).
     """
 
     letters: str
@@ -170,11 +174,15 @@ class Layout:
     blocks: Mapping[str, int | str]
     rank: int | None = None
     min_rank: int = 1
+    expand: str = ""
 
     @classmethod
     def of(cls, letters: str, *patterns: str, blocks: Mapping[str, int | str] | None = None,
-           rank: int | None = None, min_rank: int = 1) -> "Layout":
-        return cls(letters, tuple(Stage.parse(p) for p in patterns), dict(blocks or {}), rank, min_rank)
+           rank: int | None = None, min_rank: int = 1, expand: str | None = None) -> "Layout":
+        if expand is None:
+            expand = "fe" if letters in ("nchw", "ncdhw") else ""
+        return cls(letters, tuple(Stage.parse(p) for p in patterns), dict(blocks or {}), rank, min_rank,
+                   expand)
 
     @property
     def pattern(self) -> str:
@@ -536,7 +544,7 @@ def _plain(name: str, letters: str, order: str, default_origin: str) -> Format:
 def _nz(name: str, c0: int | None) -> Format:
     return Format(name, GE_FORMATS[name], ACL_FORMATS.get(name),
                   {"nd": _L("...", "... (m1 m0) (n1 n0) -> ... n1 m1 m0 n0",
-                            blocks={"m0": 16, "n0": "C0"}, min_rank=1)},
+                            blocks={"m0": 16, "n0": "C0"}, min_rank=1, expand="row")},
                   default_origin="ND", c0=c0)
 
 
@@ -568,7 +576,8 @@ _ENTRIES: list[Format] = [
     # §4.4 / §4.5 / §4.6 FRACTAL_Z: conv weight, FC weight [K, N], grouped conv (e enlargement)
     Format("FRACTAL_Z", 4, 4,
            {"4d": _L(_NCHW_LETTERS, "(n1 n0) (c1 c0) h w -> (c1 h w) n1 n0 c0", blocks={"n0": 16, "c0": "C0"}),
-            "matrix": _L("kn", "(k1 k0) (n1 n0) -> k1 n1 n0 k0", blocks={"n0": 16, "k0": "C0"})},
+            "matrix": _L("kn", "(k1 k0) (n1 n0) -> k1 n1 n0 k0", blocks={"n0": 16, "k0": "C0"},
+                         expand="column")},
            default_origin="NCHW",
            grouped={"4d": _L(_NCHW_LETTERS,
                              "(g e n) c h w -> g (e c) h w (e n)",
@@ -610,7 +619,7 @@ _NOT_PACKABLE_WHY = {
     "ND_RNN_BIAS": "its layout depends on the RNN's hidden size (an op attribute)",
     "FRACTAL_Z_3D_TRANSPOSE": "GE and FE disagree on its shape unless C0 = 16",
 }
-_EXCLUDE = {"RESERVED", "ALL", "NULL", "END"}
+_EXCLUDE: set[str] = set()  # every ge::Format name decodes (RESERVED, ALL, NULL, END included)
 _declared = {f.name for f in _ENTRIES} | {a for f in _ENTRIES for a in f.aliases}
 for _name, _value in GE_FORMATS.items():
     if _name not in _declared and _name not in _EXCLUDE:
@@ -898,8 +907,7 @@ def _make_plan(f: Format, shape: tuple[int, ...], dt: np.dtype, c0: int | None, 
         if layout.rank is not None and rank != layout.rank:
             raise FormatError(f"{f.name}: expected a {layout.rank}-D shape, got {list(shape)}",
                               hint=f"give a {layout.rank}-D shape")
-        nz_like = any(len(g) > 1 for g in layout.stages[0].lhs)
-        if nz_like and rank == 1:
+        if layout.expand == "row" and rank == 1:
             expanded = (1,) + tuple(shape)  # §4.10: GE treats 1-D as a row [1, n]
             expand_pos = (1,)
         if rank < layout.min_rank:
@@ -910,7 +918,7 @@ def _make_plan(f: Format, shape: tuple[int, ...], dt: np.dtype, c0: int | None, 
         perm = tuple(range(len(expanded)))
         letter_shape = expanded
     elif kind == "matrix":
-        if rank == 1:
+        if rank == 1 and layout.expand == "column":
             expanded = (shape[0], 1)
         elif rank != 2:
             raise FormatError(f"{f.name} (FC weight): expected a 2-D shape [K, N], got {list(shape)}",
@@ -925,7 +933,8 @@ def _make_plan(f: Format, shape: tuple[int, ...], dt: np.dtype, c0: int | None, 
                               f"{len(src)}-D", hint=f"use origin {'NCDHW' if len(letters) == 5 else 'NCHW'}")
         if rank != len(src):
             rule = _EXPAND.get(origin if _ORIGINS[origin] else "NCHW")
-            if rank < len(src) and rule is not None and rank in rule and not (f.grouped and groups > 1):
+            if (layout.expand == "fe" and rank < len(src) and rule is not None and rank in rule
+                    and not (f.grouped and groups > 1)):
                 dims = dict(zip(rule[rank], shape))
                 expanded = tuple(dims.get(a, 1) for a in src)
                 expand_pos = tuple(src.index(a) for a in rule[rank])
@@ -1413,8 +1422,10 @@ def transdata_origin(src_fmt: Any, dst_fmt: Any) -> str | None:
     """The origin :func:`transdata` uses by default: the plain side's own layout when one side is a
     labelled plain format (NCHW, NHWC, HWCN, NCDHW, ...), else the blocked side's default origin.
 
-    >>> transdata_origin("NHWC", "NC1HWC0"), transdata_origin("NC1HWC0", "FRACTAL_Z"), transdata_origin("ND", "FRACTAL_NZ")
-    ('NHWC', 'NCHW', 'ND')
+    >>> transdata_origin("NHWC", "NC1HWC0"), transdata_origin("NC1HWC0", "FRACTAL_Z")
+    ('NHWC', 'NCHW')
+    >>> transdata_origin("ND", "FRACTAL_NZ")
+    'ND'
     """
     sf, df = get_format(src_fmt), get_format(dst_fmt)
     for f in (sf, df):

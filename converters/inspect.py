@@ -328,6 +328,8 @@ def _inspect_onnx(path: Path, *, soc: str | None, ops: bool, layers: bool,
     if ops:
         info["nodes"] = [{"name": n.name, "op_type": n.op_type, "domain": n.domain} for n in g.node]
     layout_ops: list[dict] = []
+    if layers and soc is None:
+        notes.append("an ONNX model has no device layouts of its own: add --soc SOC to see the planned ones")
     if soc is not None:
         if problems:
             raise ModelError(f"{path}: {problems[0]}", hint="fix the external data before planning")

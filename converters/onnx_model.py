@@ -216,6 +216,17 @@ def load_model(path: str | os.PathLike, *, input_shapes: Mapping[str, Sequence[i
     fixed: dict[str, Shape] = {}
     for i in graph_inputs:
         shape, names = base[i.name]
+        shapeless = not i.type.tensor_type.HasField("shape")
+        if shapeless and i.name not in input_shapes:
+            raise ModelError(f"input {i.name!r} of {p.name} declares no shape",
+                             hint=f"give it with --input-shape \"{i.name}:d0,d1,...\"")
+        if shapeless:
+            dims = i.type.tensor_type.shape.dim
+            for _ in input_shapes[i.name]:
+                dims.add()
+            shape = (-1,) * len(input_shapes[i.name])
+            names = (None,) * len(shape)
+            base[i.name] = (shape, names)
         if i.name in input_shapes:
             user = input_shapes[i.name]
             if len(user) != len(shape):

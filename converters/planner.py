@@ -23,7 +23,9 @@ Then: weight pre-packing (constants at Conv/MatMul weight slots are stored in th
 precision (``force_fp16`` casts float32 compute to float16, ``must_keep_origin_dtype`` keeps it,
 ``allow_mix_precision`` keeps :data:`MIX_PRECISION_FP32_OPS` and ``keep_dtype`` nodes in float32; C0
 follows the device dtype), the memory plan (``converters.memory``) and the cost estimate
-(``converters.cost``) — an **estimate**, labelled so everywhere.
+(``converters.cost``) — an **estimate**, labelled so everywhere. ``allow_fp32_to_fp16`` keeps float32
+where an AI Core float32 kernel exists: cube ops (:data:`CUBE_OPS`; the 310P cube has no float32 path)
+and ops whose published op-info lists float16 only run in float16.
 
 Plain layouts (ND, NCHW, NCDHW…) are byte-identical for an ONNX tensor: converting between them is
 free, so they compare equal here; reports show NCHW for 4-D and NCDHW for 5-D plain tensors.
@@ -244,6 +246,7 @@ class _Node:
     fixed: bool = False  # the format is the kernel's (cannot move to another format)
     dtype: str = "float32"
     c0_weight: bool = False  # first conv with small-channel input (C04)
+    fp16_only: bool = False  # its AI Core kernel takes float16 but not float32 (op-info)
 
 
 class PlanState:
@@ -279,7 +282,9 @@ class PlanState:
                 rule = _AICPU_RULE
             else:
                 rule = rule_for(n.op_type)
-            self.nodes.append(_Node(k, n, rule, engine, folded))
+            node = _Node(k, n, rule, engine, folded)
+            node.fp16_only = bool(s is not None and "runs in float16" in s.detail)
+            self.nodes.append(node)
             for j, o in enumerate(n.output):
                 if o:
                     self.producer[o] = (k, j)
@@ -942,7 +947,7 @@ def _assign_dtypes(state: PlanState) -> None:
         elif mode == "allow_mix_precision":
             n.dtype = "float32" if n.node.op_type in MIX_PRECISION_FP32_OPS else "float16"
         elif mode == "allow_fp32_to_fp16":
-            n.dtype = "float16" if n.node.op_type in CUBE_OPS else "float32"
+            n.dtype = "float16" if (n.node.op_type in CUBE_OPS or n.fp16_only) else "float32"
         else:  # pragma: no cover - validated by plan()
             raise InternalError(f"precision mode {mode}")
 

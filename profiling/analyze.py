@@ -26,7 +26,7 @@ import os
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import ClassVar
 
 from npu_deploy._result import Result
 from npu_deploy.errors import ProfileError

@@ -18,7 +18,7 @@ kept as a cross-check.
 >>> _ = (root / "device_0" / "summary" / "op_summary_0_1_20240603052618.csv").write_text("Op Name,Task Duration(us)\\n")
 >>> d = discover(root)
 >>> [(s.kind, s.paths[0].name) for s in d.used]
-[('op_summary', 'op_summary_0_1_20240603052618.csv')]
+[('op_summary_device', 'op_summary_0_1_20240603052618.csv')]
 """
 
 from __future__ import annotations

@@ -136,7 +136,7 @@ def normalize_format(text: str | None) -> str | None:
     if _registry_format is not None and local:
         try:
             name = _registry_format(v)  # type: ignore[operator]
-        except Exception:
+        except Exception:  # a name the registry does not know (NCL, FRACTAL_ZN_LSTM…): keep the text
             name = local
     if not name or name in MISSING:
         return None
@@ -349,9 +349,6 @@ def sniff_csv(path: str | os.PathLike) -> str | None:
     if "op_type" in stats and "total" in stats:
         return "stats"
     return None
-
-
-csv.field_size_limit(1 << 24)
 
 
 class CsvOpStream(TableStream):

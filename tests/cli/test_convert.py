@@ -189,3 +189,16 @@ def test_atc_backend_missing_is_environment_error(run_cli, small, tmp_path, monk
 def test_debug_shows_traceback(run_cli, tmp_path):
     code, out, err = run_cli("--debug", "convert", tmp_path / "none.onnx")
     assert code == 2 and "Traceback" in err
+
+
+@pytest.mark.realmodel
+def test_real_model_through_the_cli(run_cli, real_model, tmp_path):
+    out, rep = tmp_path / "vad", tmp_path / "vad.json"
+    code, stdout, err = run_cli("convert", real_model("silero_vad"), "-o", out, "--backend", "builtin",
+                                "--input-shape", "input:2,576", "--report", rep)
+    assert code == 0, err
+    assert "op support: Ascend310P3, opset 18" in stdout and "weights pre-packed: 6" in stdout
+    d = json.loads(rep.read_text())
+    assert d["plan"]["transdata_count"] < d["plan"]["transdata_naive_count"]
+    with read_bundle(out) as b:
+        assert {w.format for w in b.weights.values()} >= {"FRACTAL_Z"}

@@ -493,3 +493,23 @@ def test_scalar_input_and_colon_in_name(tmp_path):
     assert "--input_shape=input:0:1,4;s:" in argv          # ATC's syntax for a scalar: "name:"
     r = run_atc(argv, log_dir=tmp_path / "logs")
     assert read_header(r.om_path)[0] == b"IMOD"
+
+
+def test_default_log_folder_kept_only_after_failure(tmp_path, model, monkeypatch):
+    import tempfile
+
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(temp))
+    monkeypatch.delenv("ASCEND_PROCESS_LOG_PATH", raising=False)
+    out = tmp_path / "out"
+    out.mkdir()
+    argv = build_atc_argv(model, out / "m", soc="Ascend310P3", atc=STANDIN)
+    r = run_atc(argv)
+    assert r.log_path is None and list(temp.iterdir()) == []
+    monkeypatch.setenv("ATC_STANDIN_MODE", "fail_E19999")
+    with pytest.raises(AtcError) as info:
+        run_atc(argv)
+    log = Path(info.value.log_path)
+    assert log.is_file() and log.is_relative_to(temp) and "E19999" in log.read_text()
+    assert str(log) in info.value.hint

@@ -362,7 +362,8 @@ def test_rank_expansion(origin, shape, as4d, fmt):
 
 def test_fractal_z_2d_default_is_fc_weight_and_nz_1d_is_a_row():
     assert F.storage_shape("FRACTAL_Z", (20, 35), FP16) == (2, 3, 16, 16)       # [K, N], not [1,C,H,1]
-    assert F.storage_shape("FRACTAL_Z", (20, 35), FP16, origin="NCHW") == (70, 1, 16, 16)  # [1,20,35,1]: C1·H·W = 2·35
+    # as a conv weight [1, 20, 35, 1]: C1·H·W = 2·35·1
+    assert F.storage_shape("FRACTAL_Z", (20, 35), FP16, origin="NCHW") == (70, 1, 16, 16)
     assert F.storage_shape("FRACTAL_NZ", (40,), FP16) == (3, 1, 16, 16)        # GE: [1, n]
     v = seq((40,))
     assert np.array_equal(F.pack(v, "FRACTAL_NZ"), F.pack(v.reshape(1, 40), "FRACTAL_NZ"))

@@ -181,3 +181,14 @@ def test_value_dependent_shapes_resolved(real_model):
     sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     y = sess.run(None, {"x": np.zeros((1, 3, 48, 320), np.float32)})[0]
     assert m.shapes[sess.get_outputs()[0].name] == y.shape
+
+
+def test_input_without_shape(tmp_path):
+    vi = helper.make_tensor_value_info("x", TensorProto.FLOAT, None)
+    path = _save(tmp_path, [helper.make_node("Relu", ["x"], ["y"])], [vi], [_vi("y", ["a", "b"])])
+    with pytest.raises(ModelError, match="invalid ONNX model: Field 'shape'"):
+        load_model(path)  # onnx.checker requires the field
+    with pytest.raises(ModelError, match="input 'x' of m.onnx declares no shape"):
+        load_model(path, check=False)
+    m = load_model(path, input_shapes={"x": (3, 5)}, check=False)
+    assert m.inputs[0].shape == (3, 5) and m.shapes["y"] == (3, 5)

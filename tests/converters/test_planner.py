@@ -323,3 +323,13 @@ def test_random_chains_keep_the_guarantees(tmp_path, ops, channels, mode):
     assert p.report.transdata_count <= p.report.transdata_naive_count
     for t in p.transdata:
         assert t.src_format != t.dst_format and t.bytes > 0
+
+
+def test_allow_fp32_to_fp16_casts_fp16_only_kernels(tmp_path):
+    # MaxPoolV3's 310P op-info is float16 only: allow_fp32_to_fp16 runs it in float16, Relu stays float32
+    m = _load(tmp_path, [helper.make_node("MaxPool", ["x"], ["a"], name="pool", kernel_shape=[2, 2], strides=[2, 2]),
+                         helper.make_node("Relu", ["a"], ["y"], name="relu")],
+              [_vi("x", [1, 4, 8, 8])], [_vi("y", [1, 4, 4, 4])])
+    p = _plan(m, precision_mode="allow_fp32_to_fp16")
+    assert p.node_formats["pool"].dtype == "float16" and p.node_formats["relu"].dtype == "float32"
+    assert p.node_formats["pool"].engine == "AI Core"

@@ -204,3 +204,11 @@ def test_header_only_has_no_compute(tmp_path):
     with pytest.raises(ProfileError) as e:
         analyze_profile(p)
     assert "no device compute time" in str(e.value)
+
+
+def test_oversized_cell_is_skipped_and_reading_goes_on(tmp_path):
+    rows = [BASE[0], op("x" * 200_000, "Add", "AI_VECTOR_CORE", "5.000"), BASE[1]]
+    r = analyze_profile(write_csv(tmp_path / "op_summary_0_1.csv", rows))
+    assert r.compute_us == pytest.approx(100.0)     # the rows after the bad one still count
+    (w,) = [w for w in r.warnings if "malformed CSV" in w]
+    assert "skipped 1 row" in w and "line 3" in w

@@ -7,7 +7,7 @@ import html.parser
 import pytest
 
 from npu_deploy.profiling.analyze import analyze_profile
-from npu_deploy.profiling.report import fmt_us, render_html, render_text, write_html
+from npu_deploy.profiling.report import fmt_us, render_text, write_html
 from tests.profiling.helpers import flagged_rows, op, td, write_csv
 
 EVIL = '<script>alert("x")</script>&<img src=http://evil/x.png onerror=1>'
