@@ -12,6 +12,8 @@ Run: ``python benchmarks/bench_convert.py [--gib 1.0] [--out benchmarks/README-c
 2. **Planning.** A generated 2,000-node graph (transformer-like blocks: MatMul, bias Add, Gelu-ish
    elementwise chain, Reshape/Transpose, Softmax, LayerNorm), ``plan()`` timed alone (best of 3).
    Target: under one second.
+3. **Real models.** Plan figures (TransData naive vs optimised, memory arena, estimated FormatTrans
+   share) for the five real models when they are in the test model cache.
 
 Figures go to a markdown fragment (default ``benchmarks/README-convert.md``).
 """
@@ -172,6 +174,41 @@ def bench_plan() -> dict:
             "transdata": p.report.transdata_count, "transdata_naive": p.report.transdata_naive_count}
 
 
+REAL = {  # file in the model cache (tests/conftest.py downloads and verifies them) -> input shapes
+    "ch_PP-OCRv4_det_infer.onnx": {"x": (1, 3, 640, 640)},
+    "ch_PP-OCRv4_rec_infer.onnx": {"x": (1, 3, 48, 320)},
+    "ch_ppocr_mobile_v2.0_cls_infer.onnx": {"x": (1, 3, 48, 192)},
+    "silero_vad_v6.onnx": {"input": (4, 576)},
+    "paraphrase-MiniLM-L3-v2.onnx": {"input_ids": (1, 128), "attention_mask": (1, 128)},
+}
+
+
+def bench_real() -> list[dict]:
+    """Plan figures for the real models already in the test cache (skipped when absent)."""
+    from npu_deploy.converters.onnx_model import load_model
+    from npu_deploy.converters.planner import plan
+
+    cache = Path(os.environ.get("NPU_DEPLOY_MODEL_CACHE", Path.home() / ".cache" / "npu-deploy")) / "models"
+    rows = []
+    for name, shapes in REAL.items():
+        path = cache / name
+        if not path.exists():
+            continue
+        loaded = load_model(path, input_shapes=shapes)
+        t = time.process_time()
+        p = plan(loaded, soc="Ascend310P3", precision_mode="force_fp16")
+        r = p.report
+        rows.append({"model": name, "shapes": shapes, "nodes": r.nodes, "plan_cpu_s": time.process_time() - t,
+                     "naive": r.transdata_naive_count, "naive_bytes": r.transdata_naive_bytes,
+                     "optimised": r.transdata_count, "bytes": r.transdata_bytes, "memory": r.memory,
+                     "share": r.formattrans_share()})
+    return rows
+
+
+def _mib(n: float) -> str:
+    return f"{n / (1 << 20):.2f}"
+
+
 def _gib(n: float) -> str:
     return f"{n / (1 << 30):.2f} GiB"
 
@@ -185,7 +222,7 @@ def _plan_verdict(pl: dict) -> str:
     return "NOT met"
 
 
-def write_markdown(path: Path, big: dict | None, pl: dict) -> str:
+def write_markdown(path: Path, big: dict | None, pl: dict, real: list[dict] | None = None) -> str:
     lines = ["## convert (built-in backend)", "",
              f"Measured {time.strftime('%Y-%m-%d')} on {platform.machine()}, {os.cpu_count()} cores, "
              f"Python {platform.python_version()}, by `python benchmarks/bench_convert.py`. "
@@ -214,6 +251,20 @@ def write_markdown(path: Path, big: dict | None, pl: dict) -> str:
               f"average {pl['load_avg']:.1f} on {os.cpu_count()} cores); loading and checking the model: "
               f"{pl['load_s']:.2f} s. TransData planned: {pl['transdata']} (naive {pl['transdata_naive']}). "
               f"Target < 1 s: **{_plan_verdict(pl)}**.", ""]
+    if real:
+        lines += ["### The real models (Ascend310P3, force_fp16; times are the cost model's **estimates**)", "",
+                  "| model | input | nodes | TransData naive | optimised | MiB moved naive | optimised | "
+                  "arena MiB | lower bound | no reuse | est. FormatTrans share | plan CPU s |",
+                  "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+        for r in real:
+            m = r["memory"]
+            shape = "; ".join(f"{k}:{','.join(map(str, v))}" for k, v in r["shapes"].items())
+            share = "n/a" if r["share"] is None else f"{100 * r['share']:.1f} %"
+            lines.append(f"| {r['model']} | {shape} | {r['nodes']} | {r['naive']} | {r['optimised']} | "
+                         f"{_mib(r['naive_bytes'])} | {_mib(r['bytes'])} | {_mib(m['arena_bytes'])} | "
+                         f"{_mib(m['lower_bound_bytes'])} | {_mib(m['no_reuse_bytes'])} | {share} | "
+                         f"{r['plan_cpu_s']:.2f} |")
+        lines.append("")
     text = "\n".join(lines)
     path.write_text(text, encoding="utf-8")
     return text
@@ -227,10 +278,11 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     pl = bench_plan()
     print(json.dumps(pl, indent=1))
+    real = bench_real()
     big = None if args.skip_big else bench_big(args.gib)
     if big:
         print(json.dumps(big, indent=1))
-    print(write_markdown(args.out, big, pl))
+    print(write_markdown(args.out, big, pl, real))
     return 0
 
 

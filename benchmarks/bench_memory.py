@@ -79,7 +79,7 @@ def bench_speed(sizes: list[int], repeat: int) -> list[dict]:
         fast = best_of(lambda: memory._greedy(ts, sizes, "size"), repeat)
         slow = best_of(lambda: plan_all_pairs(ts), 1)
         same = plan_all_pairs(ts) == memory._greedy(ts, sizes, "size")[1]
-        full = best_of(lambda: plan_memory(ts), 1)
+        full = best_of(lambda: plan_memory(ts), repeat)
         plan = plan_memory(ts)
         rows.append({"n": n, "tree_s": fast, "pairs_s": slow, "ratio": slow / fast,
                      "same_arena": same, "full_s": full, "overhead": plan.overhead})
