@@ -109,6 +109,21 @@ def peak_alloc(fn) -> int:
     return peak
 
 
+def with_threads(n: int, fn):
+    """Run ``fn`` with ``NPU_DEPLOY_THREADS=n`` (the single-thread figure)."""
+    def run():
+        old = os.environ.get("NPU_DEPLOY_THREADS")
+        os.environ["NPU_DEPLOY_THREADS"] = str(n)
+        try:
+            return fn()
+        finally:
+            if old is None:
+                os.environ.pop("NPU_DEPLOY_THREADS", None)
+            else:
+                os.environ["NPU_DEPLOY_THREADS"] = old
+    return run
+
+
 def with_fast(enabled: bool, fn):
     def run():
         old = _fastcopy.ENABLED
@@ -154,6 +169,7 @@ def run(cases: dict, reps: int) -> list[dict]:
                 fns = {
                     "copy": lambda: np.copyto(b, a),
                     "fast": lambda: F.pack(x, fmt, out=phys),
+                    "fast1": with_threads(1, lambda: F.pack(x, fmt, out=phys)),
                     "derived": with_fast(False, lambda: F.pack(x, fmt, out=phys)),
                     "naive": lambda: naive_pack(x, fmt),
                 }
@@ -164,6 +180,7 @@ def run(cases: dict, reps: int) -> list[dict]:
                 fns = {
                     "copy": lambda: np.copyto(b, a),
                     "fast": lambda: F.unpack(phys, fmt, shape, out=back),
+                    "fast1": with_threads(1, lambda: F.unpack(phys, fmt, shape, out=back)),
                     "derived": with_fast(False, lambda: F.unpack(phys, fmt, shape, out=back)),
                     "naive": lambda: naive_unpack(phys, fmt, shape),
                 }
@@ -177,7 +194,8 @@ def run(cases: dict, reps: int) -> list[dict]:
                 "copy_gbs": gbs["copy"], "fast_gbs": gbs["fast"], "derived_gbs": gbs["derived"],
                 "naive_gbs": gbs["naive"], "fast_vs_copy": t["copy"] / t["fast"],
                 "fast_vs_naive": t["naive"] / t["fast"], "derived_vs_copy": t["copy"] / t["derived"],
-                "naive_vs_copy": t["copy"] / t["naive"], "peak_x_out": peak / out_bytes,
+                "naive_vs_copy": t["copy"] / t["naive"], "fast1_vs_copy": t["copy"] / t["fast1"],
+                "fast1_cpu_vs_copy": cpu["copy"] / cpu["fast1"] if cpu["fast1"] > 0 else float("nan"), "peak_x_out": peak / out_bytes,
                 "peak_out_x_out": peak_out / out_bytes,
                 "fast_cpu_vs_copy": cpu["copy"] / cpu["fast"] if cpu["fast"] > 0 else float("nan"),
                 "derived_cpu_vs_copy": cpu["copy"] / cpu["derived"] if cpu["derived"] > 0 else float("nan"),
@@ -186,7 +204,7 @@ def run(cases: dict, reps: int) -> list[dict]:
             r = rows[-1]
             print(f"{name:<11} {direction:<6} {r['mib']:6.1f} MiB  copy {r['copy_gbs']:5.2f} GB/s  "
                   f"fast {r['fast_gbs']:5.2f} GB/s ({100 * r['fast_vs_copy']:4.0f} % of copy, "
-                  f"{r['fast_vs_naive']:4.1f}x naive)  derived {100 * r['derived_vs_copy']:4.0f} %  "
+                  f"{r['fast_vs_naive']:4.1f}x naive; 1 thread {100 * r['fast1_vs_copy']:4.0f} %)  derived {100 * r['derived_vs_copy']:4.0f} %  "
                   f"naive {100 * r['naive_vs_copy']:4.0f} %  | CPU-time: fast {100 * r['fast_cpu_vs_copy']:4.0f} % "
                   f"derived {100 * r['derived_cpu_vs_copy']:4.0f} % naive {100 * r['naive_cpu_vs_copy']:4.0f} %  "
                   f"peak alloc {r['peak_x_out']:.2f}x out "
@@ -230,15 +248,18 @@ def markdown(rows: list[dict], info: str, reps: int) -> str:
         "of the output size.",
         "",
         "| format | dir | MiB | copy GB/s | fast GB/s | fast % of copy | fast × naive | derived % of copy "
-        "| naive % of copy | CPU: fast / derived / naive % of copy | peak alloc × out |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| naive % of copy | fast 1-thread % of copy | CPU: fast / 1-thread / derived / naive % of copy "
+        "| peak alloc × out |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
         lines.append(
             f"| {r['case']} {list(r['shape'])} | {r['direction']} | {r['mib']:.1f} | {r['copy_gbs']:.2f} | "
             f"{r['fast_gbs']:.2f} | {100 * r['fast_vs_copy']:.0f} % | {r['fast_vs_naive']:.1f}× | "
             f"{100 * r['derived_vs_copy']:.0f} % | {100 * r['naive_vs_copy']:.0f} % | "
-            f"{100 * r['fast_cpu_vs_copy']:.0f} / {100 * r['derived_cpu_vs_copy']:.0f} / "
+            f"{100 * r['fast1_vs_copy']:.0f} % | "
+            f"{100 * r['fast_cpu_vs_copy']:.0f} / {100 * r['fast1_cpu_vs_copy']:.0f} / "
+            f"{100 * r['derived_cpu_vs_copy']:.0f} / "
             f"{100 * r['naive_cpu_vs_copy']:.0f} % | {r['peak_x_out']:.2f} ({r['peak_out_x_out']:.2f}) |")
     return "\n".join(lines) + "\n"
 

@@ -3,19 +3,26 @@
 :mod:`npu_deploy.converters.formats` interprets a format's pattern as rectangular pieces, each one a
 copy between two strided views. ``dst[...] = src`` is correct but slow when the destination's
 innermost axis is short (C0 = 16 elements): numpy then runs a 16-element inner loop millions of times.
-:func:`copy` gives the same result faster, with numpy alone:
+:func:`copy` gives the same result (byte for byte) faster:
 
 1. drop length-1 axes, order the axes by destination stride and merge axes that are contiguous in
    both arrays (``(m1 m0)`` becomes ``m``; a whole aligned NC1HWC0 block becomes one axis);
-2. when the innermost axis is contiguous in both arrays and short (NZ's C0 block), move it as one
-   wide unsigned integer instead of C0 small ones;
-3. when the destination's innermost axis is still short, loop over it in Python so that numpy's inner
-   loop runs along a long axis instead;
-4. cut the work into cache-sized tasks along the outer axes and, for large copies on a machine with
-   an idle core, hand them to a small thread pool (numpy releases the GIL while it copies).
+2. *wide units*: when the innermost axis is contiguous in both arrays (FRACTAL_NZ's C0 row, FRACTAL_Z
+   from [K, N]), move it as one wide element -- ``uint16`` ... ``uint64``, ``complex128`` (16 bytes)
+   or ``clongdouble`` (32 bytes where the platform has it); numpy copies those bit for bit;
+3. *element-granular batched 2-D transposes* between two contiguous blocks (NC1HWC0 pack and unpack:
+   per (n, c1) a ``C0 x HW`` <-> ``HW x C0`` transpose) go to onnxruntime's Transpose kernel (a
+   package dependency; an exact copy of unsigned integers), through a cached single-threaded session
+   per shape and ``io_binding`` on the caller's buffers: nothing is allocated;
+4. otherwise numpy, with the inner loop put along the axis whose strides are smallest on *both*
+   sides (a short axis with a smaller destination stride is looped over in Python) and the work cut
+   into ~1 MiB cache-sized tasks along that axis first.
 
-It never allocates anything of the array's size. Set ``NPU_DEPLOY_FASTCOPY=0`` to disable it (every
-copy is then a plain ``dst[...] = src``) and ``NPU_DEPLOY_THREADS=N`` to cap the threads.
+Copies of at least ``_PARALLEL_BYTES`` are split over ``min(len(sched_getaffinity), 8)`` threads
+(numpy and onnxruntime release the GIL while copying). The decision depends on the size only, never on
+the momentary machine load, so results are reproducible. It never allocates anything of the array's
+size. ``NPU_DEPLOY_FASTCOPY=0`` disables it (every copy is then a plain ``dst[...] = src``),
+``NPU_DEPLOY_FASTCOPY_ORT=0`` keeps it numpy-only, ``NPU_DEPLOY_THREADS=N`` sets the thread count.
 """
 
 from __future__ import annotations
@@ -28,11 +35,17 @@ from functools import lru_cache
 
 import numpy as np
 
-ENABLED = os.environ.get("NPU_DEPLOY_FASTCOPY", "1") not in ("0", "false", "no")
+_OFF = ("0", "false", "no")
+ENABLED = os.environ.get("NPU_DEPLOY_FASTCOPY", "1").strip().lower() not in _OFF
+USE_ORT = os.environ.get("NPU_DEPLOY_FASTCOPY_ORT", "1").strip().lower() not in _OFF
 _SMALL = 1 << 19            # elements: below this a plain numpy copy is as fast (measured)
 _TASK_BYTES = 1 << 20       # destination bytes per task (fits the L2 of current x86 cores)
 _PARALLEL_BYTES = 4 << 20   # use threads above this many destination bytes
-_SHORT = 64                 # an innermost axis shorter than this is looped over in Python
+_SHORT = 64                 # an axis shorter than this is not worth an inner loop
+_MAX_HOIST = 512            # at most this many Python-level copies per task when hoisting short axes
+_FAR = 4096                # bytes: an inner loop striding further touches a new page per element
+_MIN_RUN = 256              # a task keeps at least this many elements along the inner-loop axis
+_ORT_MIN_CALL = 1 << 16     # bytes per onnxruntime call: below, its per-call overhead dominates
 
 _pool: ThreadPoolExecutor | None = None
 _pool_lock = threading.Lock()
@@ -49,27 +62,26 @@ def _threads() -> int:
     return max(1, min(n, 8))
 
 
-def _spare_cores(n: int) -> bool:
-    """True when the machine has an idle core for a second thread. On a busy machine a helper
-    thread waits for a CPU and the copy ends when the slowest task does: measured slower than one
-    thread (benchmarks/README-formats.md)."""
-    if os.environ.get("NPU_DEPLOY_THREADS", "").strip().isdigit():
-        return True  # the user asked for a thread count: honour it
-    try:
-        return os.getloadavg()[0] + 1.0 <= n
-    except (AttributeError, OSError):
-        return True
+def _threads_for(nbytes: int) -> int:
+    """Threads for a copy of ``nbytes``: a size threshold only (reproducible), never the load."""
+    return _threads() if nbytes >= _PARALLEL_BYTES else 1
 
 
-def _get_pool() -> ThreadPoolExecutor | None:
+def _get_pool(n: int) -> ThreadPoolExecutor:
     global _pool
-    n = _threads()
-    if n <= 1 or not _spare_cores(n):
-        return None
     with _pool_lock:
-        if _pool is None:
+        if _pool is None or _pool._max_workers < n:  # noqa: SLF001 - grow when asked for more
             _pool = ThreadPoolExecutor(max_workers=n, thread_name_prefix="npu-deploy-copy")
         return _pool
+
+
+def _run_tasks(fn, tasks: list, n_threads: int) -> None:
+    if n_threads <= 1 or len(tasks) <= 1:
+        for t in tasks:
+            fn(t)
+        return
+    for _ in _get_pool(n_threads).map(fn, tasks):
+        pass
 
 
 def _simplify(dst: np.ndarray, src: np.ndarray):
@@ -93,18 +105,25 @@ def _simplify(dst: np.ndarray, src: np.ndarray):
     return shape, ds, ss
 
 
-_UINTS = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
+# Dtypes numpy copies bit for bit, by size: the "wide units" a contiguous run is moved as.
+_UNITS: dict[int, np.dtype] = {1: np.dtype(np.uint8), 2: np.dtype(np.uint16), 4: np.dtype(np.uint32),
+                               8: np.dtype(np.uint64), 16: np.dtype(np.complex128)}
+if np.dtype(np.clongdouble).itemsize == 32:  # x86-64 / aarch64 Linux; not MSVC (16 bytes there)
+    _UNITS[32] = np.dtype(np.clongdouble)
+_LONG_RUN = 512             # bytes: a contiguous run this long is already copied at memcpy speed
 
 
 def _widen(shape, ds, ss, item: int):
-    """Move a short innermost run that is contiguous in both arrays as wider integers."""
-    if len(shape) < 2 or ds[-1] != item or ss[-1] != item:
+    """Move a short innermost run that is contiguous in both arrays as wider units."""
+    if ds[-1] != item or ss[-1] != item:
         return shape, ds, ss, item
     run = shape[-1] * item
-    if run > 8 * _SHORT:
+    if run > _LONG_RUN:
         return shape, ds, ss, item
-    for width in (8, 4, 2):
-        if run % width == 0 and width > item and all(x % width == 0 for x in ds[:-1] + ss[:-1]):
+    for width in sorted(_UNITS, reverse=True):
+        if width <= item:
+            break
+        if run % width == 0:
             lanes = run // width
             if lanes == 1:
                 return shape[:-1], ds[:-1], ss[:-1], width
@@ -120,19 +139,18 @@ class _Interface:
         self._keep = keep
 
 
-def _reinterpret(a: np.ndarray, width: int | np.dtype, shape, strides) -> np.ndarray:
-    """``a``'s memory seen as uint<width*8> elements (or the given dtype) with the given shape and
-    byte strides, starting at ``a``'s first element."""
-    dt = np.dtype(_UINTS[width]) if isinstance(width, int) else np.dtype(width)
-    width = dt.itemsize
-    if a.dtype.itemsize == width:
-        base = a.view(dt) if a.dtype != dt else a
+def _reinterpret(a: np.ndarray, dt: np.dtype, shape, strides) -> np.ndarray:
+    """``a``'s memory seen as ``dt`` elements with the given shape and byte strides, starting at
+    ``a``'s first element."""
+    dt = np.dtype(dt)
+    if a.dtype == dt:
+        base = a
+    elif a.dtype.itemsize == dt.itemsize:
+        base = a.view(dt)
     else:
         # one element at a's first byte, re-typed; as_strided then lays the wanted view over it
         iface = {"data": a.__array_interface__["data"], "typestr": dt.str, "shape": (1,),
                  "strides": None, "version": 3}
-        if dt.kind == "V":
-            iface["descr"] = [("", dt.str)]
         base = np.asarray(_Interface(iface, a))
     return np.lib.stride_tricks.as_strided(base, tuple(shape), tuple(strides),
                                            writeable=a.flags.writeable)
@@ -158,47 +176,125 @@ def _tasks(shape, target_elems: int):
     return [()]
 
 
-_TAKE_ROWS = 16             # destination rows per np.take call in the gather strategy
-_TAKE_INDEX = 1 << 16       # entries per cached index tile
+# ------------------------------------------------------------------------------ onnxruntime path
+_ORT_TYPES = {1: 2, 2: 4, 4: 12, 8: 13}   # onnx TensorProto UINT8, UINT16, UINT32, UINT64
 
 
-@lru_cache(maxsize=8)
-def _take_index(rows: int, cols: int, row_step: int, col_step: int) -> np.ndarray:
-    """idx[r, c] = r·row_step + c·col_step (read-only, cached: reused by every tile of a copy)."""
-    idx = (np.arange(rows, dtype=np.intp)[:, None] * row_step
-           + np.arange(cols, dtype=np.intp)[None, :] * col_step)
-    idx.flags.writeable = False
-    return idx
+@lru_cache(maxsize=32)
+def _ort_session(b: int, rows: int, cols: int, unit: int):
+    """A single-threaded session transposing uint[b, rows, cols] -> [b, cols, rows]; None when
+    onnxruntime is unusable here (then numpy does the copy)."""
+    try:
+        import onnxruntime as ort
+        from onnx import helper
+
+        t = _ORT_TYPES[unit]
+        graph = helper.make_graph(
+            [helper.make_node("Transpose", ["x"], ["y"], perm=[0, 2, 1])], "fastcopy",
+            [helper.make_tensor_value_info("x", t, [b, rows, cols])],
+            [helper.make_tensor_value_info("y", t, [b, cols, rows])])
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+        model.ir_version = 8
+        so = ort.SessionOptions()
+        so.intra_op_num_threads = 1          # our own pool splits the batch; no idle ORT threads
+        so.inter_op_num_threads = 1
+        so.enable_cpu_mem_arena = False
+        so.log_severity_level = 3
+        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+        so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    except Exception:  # noqa: BLE001 - any failure means "use numpy"
+        return None
 
 
-def _gather_units(dst: np.ndarray, src: np.ndarray, shape, ds, ss, unit: int) -> bool:
-    """Move whole ``unit``-byte blocks (NZ's C0 rows) with ``np.take``: the copy is a 2-D transpose
-    of blocks into a contiguous destination. Returns False when the layout does not allow it."""
-    if len(shape) != 2 or unit < 16 or ds[1] != unit or ds[0] != unit * shape[1]:
+def _ort_transpose(dst: np.ndarray, src: np.ndarray, shape, ds, ss, unit: int, n_threads: int) -> bool:
+    """Batched 2-D transpose of contiguous blocks (src [.., C, R] -> dst [.., R, C]) with
+    onnxruntime, writing straight into ``dst``. Returns False when the layout does not fit."""
+    if len(shape) < 2 or unit not in _ORT_TYPES:
         return False
-    if any(x <= 0 or x % unit for x in ss):
+    r, c = shape[-2], shape[-1]
+    if not (ds[-1] == unit and ds[-2] == c * unit and ss[-2] == unit and ss[-1] == r * unit):
         return False
-    rows, cols = shape
-    rs, cs = ss[0] // unit, ss[1] // unit
-    void = np.dtype((np.void, unit))
-    span = (rows - 1) * rs + (cols - 1) * cs + 1
-    src_units = _reinterpret(src, void, (span,), (unit,))
-    dst_units = _reinterpret(dst, void, (rows, cols), (unit * cols, unit))
-    # index tiles of at most _TAKE_INDEX entries (512 KiB), cached and reused by every tile
-    if cols <= _TAKE_INDEX:
-        tile = max(1, min(rows, _TAKE_ROWS, _TAKE_INDEX // cols))
-        idx = _take_index(tile, cols, rs, cs)
-        for r0 in range(0, rows, tile):
-            r1 = min(rows, r0 + tile)
-            # every index is in range; "wrap" is the cheapest mode that skips numpy's bounds error path
-            np.take(src_units[r0 * rs:], idx[: r1 - r0], out=dst_units[r0:r1], mode="wrap")
-    else:
-        idx = _take_index(1, _TAKE_INDEX, rs, cs)[0]
-        for r in range(rows):
-            for c0 in range(0, cols, _TAKE_INDEX):
-                c1 = min(cols, c0 + _TAKE_INDEX)
-                np.take(src_units[r * rs + c0 * cs:], idx[: c1 - c0], out=dst_units[r, c0:c1], mode="wrap")
+    block = r * c * unit
+    n_outer = len(shape) - 2
+    b = 1
+    if n_outer and ds[-3] == block and ss[-3] == block:
+        b, n_outer = shape[-3], n_outer - 1
+    if b * block < _ORT_MIN_CALL:
+        return False
+    # split the batch so that every thread gets work (and a task stays around a few MiB)
+    n_chunks = max(n_threads if n_threads > 1 else 1, -(-b * block // (16 * _TASK_BYTES)))
+    step = -(-b // min(b, n_chunks))
+    sizes = {min(step, b - s) for s in range(0, b, step)}
+    sessions = {k: _ort_session(k, c, r, unit) for k in sizes}
+    if any(v is None for v in sessions.values()):
+        return False
+    dt = _UNITS[unit].type
+    d0 = dst.__array_interface__["data"][0]
+    s0 = src.__array_interface__["data"][0]
+    tasks = []
+    for idx in np.ndindex(*shape[:n_outer]):
+        doff = d0 + sum(i * x for i, x in zip(idx, ds))
+        soff = s0 + sum(i * x for i, x in zip(idx, ss))
+        for start in range(0, b, step):
+            tasks.append((doff + start * block, soff + start * block, min(step, b - start)))
+
+    def run(task):
+        dptr, sptr, k = task
+        sess = sessions[k]
+        io = sess.io_binding()
+        io.bind_input("x", "cpu", 0, dt, [k, c, r], sptr)
+        io.bind_output("y", "cpu", 0, dt, [k, r, c], dptr)
+        sess.run_with_iobinding(io)
+
+    _run_tasks(run, tasks, n_threads)
     return True
+
+
+# ------------------------------------------------------------------------------ numpy path
+def _numpy_copy(d: np.ndarray, s: np.ndarray, shape, ds, ss, unit: int, n_threads: int) -> None:
+    nd = len(shape)
+    # numpy's inner loop runs along the destination's smallest-stride axis. Put it instead along
+    # the (long) axis whose strides are small on both sides; loop over the short axes with a smaller
+    # destination stride in Python.
+    cand = [i for i in range(nd) if shape[i] >= _SHORT and max(abs(ds[i]), abs(ss[i])) <= _FAR]
+    k = min(cand, key=lambda i: (max(abs(ds[i]), abs(ss[i])), -shape[i])) if cand else nd - 1
+    hoist = [i for i in range(nd) if i != k and abs(ds[i]) < abs(ds[k])]
+    if math.prod(shape[i] for i in hoist) > _MAX_HOIST:
+        k, hoist = nd - 1, []
+    outer = [i for i in range(nd) if i != k and i not in hoist]
+    others = math.prod(shape[i] for i in range(nd) if i != k)
+    n_k = shape[k]
+    ck = n_k if n_k * others * unit <= _TASK_BYTES else min(n_k, max(_MIN_RUN, _TASK_BYTES // (unit * others)))
+    k_chunks = [slice(a, min(n_k, a + ck)) for a in range(0, n_k, ck)]
+    per_task = ck * others * unit
+    outer_tasks = [()]
+    if outer and per_task > 2 * _TASK_BYTES:
+        hoisted = math.prod(shape[i] for i in hoist)
+        outer_tasks = _tasks([shape[i] for i in outer], max(1, _TASK_BYTES // (unit * ck * hoisted)))
+    tasks = []
+    for ot in outer_tasks:
+        for kc in k_chunks:
+            idx: list = [slice(None)] * nd
+            for pos, v in zip(outer, ot):
+                idx[pos] = v
+            idx[k] = kc
+            tasks.append(idx)
+    hoist_idx = list(np.ndindex(*[shape[i] for i in hoist])) if hoist else None
+
+    def run(idx):
+        if hoist_idx is None:
+            t = tuple(idx)
+            d[t] = s[t]
+            return
+        full = list(idx)
+        for combo in hoist_idx:
+            for pos, v in zip(hoist, combo):
+                full[pos] = v
+            t = tuple(full)
+            d[t] = s[t]
+
+    _run_tasks(run, tasks, n_threads)
 
 
 def copy(dst: np.ndarray, src: np.ndarray) -> None:
@@ -219,31 +315,11 @@ def copy(dst: np.ndarray, src: np.ndarray) -> None:
     if len(shape) <= 1:
         dst[...] = src
         return
-    run_bytes = shape[-1] * item if (ds[-1] == item and ss[-1] == item) else 0
-    if run_bytes >= 16 and len(shape) == 3 and _gather_units(dst, src, shape[:2], ds[:2], ss[:2], run_bytes):
+    shape, ds, ss, unit = _widen(shape, ds, ss, item)
+    n_threads = _threads_for(math.prod(shape) * unit)
+    if USE_ORT and _ort_transpose(dst, src, shape, ds, ss, unit, n_threads):
         return
-    shape, ds, ss, width = _widen(shape, ds, ss, item)
-    d = _reinterpret(dst, width, shape, ds)
-    s = _reinterpret(src, width, shape, ss)
-    # Loop over a short innermost axis in Python only when the axis numpy then runs along reads the
-    # source (nearly) contiguously; otherwise every element would come from a different cache line.
-    hoist = (len(shape) >= 2 and shape[-1] < _SHORT and abs(ss[-1]) != width
-             and abs(ss[-2]) <= 4 * width and shape[-2] >= _SHORT)
-    total_bytes = math.prod(shape) * width
-    tasks = _tasks(shape[:-1] if hoist else shape, _TASK_BYTES // width // (shape[-1] if hoist else 1))
-
-    def run(idx):
-        dv, sv = d[idx], s[idx]
-        if hoist:
-            for k in range(shape[-1]):
-                dv[..., k] = sv[..., k]
-        else:
-            dv[...] = sv
-
-    pool = _get_pool() if total_bytes >= _PARALLEL_BYTES and len(tasks) > 1 else None
-    if pool is None:
-        for idx in tasks:
-            run(idx)
-    else:
-        for _ in pool.map(run, tasks):
-            pass
+    dt = _UNITS.get(unit, dst.dtype) if unit != item else dst.dtype
+    d = _reinterpret(dst, dt, shape, ds)
+    s = _reinterpret(src, dt, shape, ss)
+    _numpy_copy(d, s, shape, ds, ss, unit, n_threads)

@@ -82,7 +82,7 @@ def test_convert_refuses_cleanly_or_matches(baseline):
     bad = [o for o in ours if o.name in base_pass and not o.passed and not _excluded(o.name, rows)
            and not (o.status == "error" and o.message.startswith("prepare: ModelError"))]
     assert not bad, "\n".join(f"  {o.name}: {o.status} {o.message}" for o in bad[:40])
-    refused_opset = [o for o in ours if o.name in outside and not o.passed]
-    assert all("outside the range ATC parses" in o.message or "imports no ai.onnx opset" in o.message
-               for o in refused_opset)
+    refused = [o for o in ours if o.name in outside]
+    assert all(not o.passed and o.message.startswith("prepare: ModelError") for o in refused)
+    assert sum("outside the range ATC parses" in o.message for o in refused) >= len(refused) * 0.8
     assert sum(o.passed for o in ours if o.name in in_range) >= 600  # measured 605
