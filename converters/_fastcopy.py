@@ -251,6 +251,114 @@ def _ort_transpose(dst: np.ndarray, src: np.ndarray, shape, ds, ss, unit: int, n
     return True
 
 
+_SCRATCH_BYTES = 2 << 20   # tile scratch of the two-step copy (per thread; far below the output size)
+
+
+_local = threading.local()
+
+
+def _scratch(nbytes: int) -> np.ndarray:
+    """This thread's tile scratch (kept between calls: a fresh one would page-fault every time)."""
+    buf = getattr(_local, "scratch", None)
+    if buf is None or buf.nbytes < nbytes:
+        buf = np.empty(max(nbytes, _SCRATCH_BYTES), np.uint8)
+        _local.scratch = buf
+    return buf[:nbytes]
+
+
+def _c_order(shape, strides, unit: int) -> list[int] | None:
+    """Axes from outermost to innermost if ``strides`` lay ``shape`` out C-contiguously, else None."""
+    order = sorted(range(len(shape)), key=lambda i: abs(strides[i]), reverse=True)
+    expect = unit
+    for i in reversed(order):
+        if strides[i] != expect:
+            return None
+        expect *= shape[i]
+    return order
+
+
+def _two_step(dst: np.ndarray, src: np.ndarray, shape, ds, ss, unit: int, n_threads: int) -> bool:
+    """An element-granular transpose fused with a block move (FRACTAL_Z from NCHW: the C0 axis is
+    innermost in the destination while the source's contiguous axis is H·W), done tile by tile
+    through a scratch buffer of ``_SCRATCH_BYTES``: onnxruntime transposes each ``A x B`` block
+    (A = C0, B = H·W) between the contiguous side and the scratch, and numpy moves whole ``A``-element
+    rows as one wide unit between the scratch and the strided side. Returns False when it does not
+    apply."""
+    nd = len(shape)
+    if nd < 3 or unit not in _ORT_TYPES:
+        return False
+    inner_s = [i for i in range(nd) if ss[i] == unit]
+    if ds[-1] != unit or len(inner_s) != 1 or inner_s[0] == nd - 1:
+        return False
+    # pack: a (C0) is the destination's inner axis, b (H·W) the source's; the source is one block.
+    # unpack: the other way round; the destination is one contiguous block.
+    for pack, a, b, contig in ((True, nd - 1, inner_s[0], ss), (False, inner_s[0], nd - 1, ds)):
+        order = _c_order(shape, contig, unit)
+        if order is not None and order[-2:] == [a, b]:
+            break
+    else:
+        return False
+    big_u = shape[a] * unit
+    if big_u not in _UNITS or big_u == unit or shape[b] < 2:
+        return False
+    A, B = shape[a], shape[b]
+    o0 = order[0]
+    row = math.prod(shape[i] for i in range(nd) if i != o0) * unit   # bytes per step of axis o0
+    t0 = max(1, min(shape[o0], _SCRATCH_BYTES // row))
+    if t0 * row < _ORT_MIN_CALL:
+        return False
+    tiles = [(s0, min(shape[o0], s0 + t0)) for s0 in range(0, shape[o0], t0)]
+    sessions = {}
+    for s0, s1 in tiles:
+        nb = (s1 - s0) * row // (A * B * unit)
+        key = (nb, A, B) if pack else (nb, B, A)
+        if key not in sessions:
+            sessions[key] = _ort_session(key[0], key[1], key[2], unit)
+            if sessions[key] is None:
+                return False
+    red = [i for i in range(nd) if i != a]
+    udt = _UNITS[big_u]
+    red_shape = [shape[i] for i in red]
+    # the strided side, in wide units
+    wide = _reinterpret(src if not pack else dst, udt, red_shape, [(ss if not pack else ds)[i] for i in red])
+    scr_strides = [big_u if i == b else contig[i] for i in red]
+    k0 = red.index(o0)
+    dt = _UNITS[unit].type
+    cbase = (src if pack else dst).__array_interface__["data"][0]
+
+    def run_group(group):
+        scratch = _scratch(t0 * row)
+        sptr = scratch.__array_interface__["data"][0]
+        for s0, s1 in group:
+            tshape = list(red_shape)
+            tshape[k0] = s1 - s0
+            sc = _reinterpret(scratch, udt, tshape, scr_strides)
+            idx = [slice(None)] * len(red)
+            idx[k0] = slice(s0, s1)
+            wv = wide[tuple(idx)]
+            nb = (s1 - s0) * row // (A * B * unit)
+            cptr = cbase + s0 * contig[o0]
+            if pack:
+                sess = sessions[(nb, A, B)]
+                io = sess.io_binding()
+                io.bind_input("x", "cpu", 0, dt, [nb, A, B], cptr)
+                io.bind_output("y", "cpu", 0, dt, [nb, B, A], sptr)
+                sess.run_with_iobinding(io)
+                _numpy_copy(wv, sc, tshape, list(wv.strides), scr_strides, big_u, 1)
+            else:
+                _numpy_copy(sc, wv, tshape, scr_strides, list(wv.strides), big_u, 1)
+                sess = sessions[(nb, B, A)]
+                io = sess.io_binding()
+                io.bind_input("x", "cpu", 0, dt, [nb, B, A], sptr)
+                io.bind_output("y", "cpu", 0, dt, [nb, A, B], cptr)
+                sess.run_with_iobinding(io)
+
+    n = max(1, min(n_threads, len(tiles)))
+    groups = [tiles[i::n] for i in range(n)]
+    _run_tasks(run_group, groups, n)
+    return True
+
+
 # ------------------------------------------------------------------------------ numpy path
 def _numpy_copy(d: np.ndarray, s: np.ndarray, shape, ds, ss, unit: int, n_threads: int) -> None:
     nd = len(shape)
@@ -317,7 +425,8 @@ def copy(dst: np.ndarray, src: np.ndarray) -> None:
         return
     shape, ds, ss, unit = _widen(shape, ds, ss, item)
     n_threads = _threads_for(math.prod(shape) * unit)
-    if USE_ORT and _ort_transpose(dst, src, shape, ds, ss, unit, n_threads):
+    if USE_ORT and (_ort_transpose(dst, src, shape, ds, ss, unit, n_threads)
+                    or _two_step(dst, src, shape, ds, ss, unit, n_threads)):
         return
     dt = _UNITS.get(unit, dst.dtype) if unit != item else dst.dtype
     d = _reinterpret(dst, dt, shape, ds)
