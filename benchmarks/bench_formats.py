@@ -195,8 +195,8 @@ def run(cases: dict, reps: int) -> list[dict]:
                 "naive_gbs": gbs["naive"], "fast_vs_copy": t["copy"] / t["fast"],
                 "fast_vs_naive": t["naive"] / t["fast"], "derived_vs_copy": t["copy"] / t["derived"],
                 "naive_vs_copy": t["copy"] / t["naive"], "fast1_vs_copy": t["copy"] / t["fast1"],
-                "fast1_cpu_vs_copy": cpu["copy"] / cpu["fast1"] if cpu["fast1"] > 0 else float("nan"), "peak_x_out": peak / out_bytes,
-                "peak_out_x_out": peak_out / out_bytes,
+                "fast1_cpu_vs_copy": cpu["copy"] / cpu["fast1"] if cpu["fast1"] > 0 else float("nan"),
+                "peak_x_out": peak / out_bytes, "peak_out_x_out": peak_out / out_bytes,
                 "fast_cpu_vs_copy": cpu["copy"] / cpu["fast"] if cpu["fast"] > 0 else float("nan"),
                 "derived_cpu_vs_copy": cpu["copy"] / cpu["derived"] if cpu["derived"] > 0 else float("nan"),
                 "naive_cpu_vs_copy": cpu["copy"] / cpu["naive"] if cpu["naive"] > 0 else float("nan"),
@@ -204,7 +204,8 @@ def run(cases: dict, reps: int) -> list[dict]:
             r = rows[-1]
             print(f"{name:<11} {direction:<6} {r['mib']:6.1f} MiB  copy {r['copy_gbs']:5.2f} GB/s  "
                   f"fast {r['fast_gbs']:5.2f} GB/s ({100 * r['fast_vs_copy']:4.0f} % of copy, "
-                  f"{r['fast_vs_naive']:4.1f}x naive; 1 thread {100 * r['fast1_vs_copy']:4.0f} %)  derived {100 * r['derived_vs_copy']:4.0f} %  "
+                  f"{r['fast_vs_naive']:4.1f}x naive; 1 thread {100 * r['fast1_vs_copy']:4.0f} %)  "
+                  f"derived {100 * r['derived_vs_copy']:4.0f} %  "
                   f"naive {100 * r['naive_vs_copy']:4.0f} %  | CPU-time: fast {100 * r['fast_cpu_vs_copy']:4.0f} % "
                   f"derived {100 * r['derived_cpu_vs_copy']:4.0f} % naive {100 * r['naive_cpu_vs_copy']:4.0f} %  "
                   f"peak alloc {r['peak_x_out']:.2f}x out "
@@ -273,6 +274,8 @@ def main(argv: list[str] | None = None) -> int:
     info = machine()
     print(info)
     rows = run(QUICK if args.quick else CASES, args.reps)
+    if hasattr(os, "getloadavg"):
+        info += "; at end " + ", ".join(f"{v:.2f}" for v in os.getloadavg())
     text = markdown(rows, info, args.reps)
     if args.write:
         from npu_deploy._io import atomic_write
@@ -284,39 +287,69 @@ def main(argv: list[str] | None = None) -> int:
 
 
 NOTES = """
-### How the fast path works, and what limits it
+*fast* uses the default thread count (`min(cores, 8)` for copies of at least 4 MiB, decided by size
+only, never by the momentary load); *1-thread* is the same with `NPU_DEPLOY_THREADS=1`. The load
+average is printed above: other jobs shared this 2-core VM, so the wall-clock figures of *fast* vary
+from run to run by ±15 points (with an idle second core, measured in the same session: NC1HWC0 pack
+77 %, unpack 69 %, FRACTAL_NZ pack 76 %, unpack 66 %; with a busy one, as in the table, two threads
+are no faster than one and up to ~15 points slower, since the helper thread waits for a CPU). The
+single-thread column is the more reproducible one.
+
+### How the fast path works
 
 `formats.pack`/`unpack` interpret the registry entry as a few rectangular pieces (full C0 blocks,
-then the tail) and copy each piece between two strided views, writing straight into the one output
-array (no padded intermediate; padding is zeroed in place, or the output is cleared in one contiguous
-fill when it is mostly padding). `converters/_fastcopy.py` then speeds up each piece copy with numpy
-alone: it merges contiguous axes, moves whole contiguous C0 rows as `np.take` gathers of 16–64-byte
-blocks (FRACTAL_NZ, 1×1 FRACTAL_Z), loops over a short C0 axis in Python so that numpy's inner loop
-runs along the long, source-contiguous H·W axis (NC1HWC0 pack), cuts the work into ~1 MiB tasks and,
-when the machine has an idle core, runs them on a small thread pool (numpy releases the GIL while
-copying). Below 512 Ki elements it is a plain `dst[...] = src` (the Python overhead would dominate).
+then the tail) and copy each piece between two strided views, straight into the one output array
+(padding is zeroed in place, or the output is cleared in one contiguous fill when it is mostly
+padding). `converters/_fastcopy.py` speeds up each piece copy, picking by layout:
 
-**Result: the ≥ 50 % of copy bandwidth target is not met.** Per core (CPU-time column) the shipped
-path reaches about 20–30 % of `np.copyto`; it is 1.5–3× the naive pad + transpose for NC1HWC0 and
-FRACTAL_NZ packing and on par (±10 % CPU time) with plain numpy elsewhere (numpy already picks a good loop order for
-the unpack directions and for 3×3 FRACTAL_Z, whose 9-element H·W runs leave no long axis to loop
-along). It never allocates more than the output (peak 1.00×; with `out=` nothing but a cached
-≤ 512 KiB `np.take` index). The floor is numpy's per-element strided loop: a 2-byte element that
-changes neighbours (C0 = 16 elements interleaved from 16 channels) costs 0.6–0.8 ns here, while
-`np.copyto` moves one in 0.1–0.2 ns, and FRACTAL_NZ's 32-byte block gather is bound by `np.take`'s
-per-block cost (~10 ns). Two threads would roughly double the wall-clock figures on two idle cores,
-but this VM was shared with other jobs during every run (load average 6–8 on 2 cores, see above):
-a second thread got no CPU (measured: 7.8 ms of CPU for a 16 ms wall-clock 5HD pack), which is why
-the pool now only starts when `os.getloadavg()` shows a spare core (`NPU_DEPLOY_THREADS=N` forces it).
-The wall-clock columns are therefore pessimistic; the CPU-time column is the reproducible one.
+* **wide units** -- when the C0 row is contiguous on both sides (FRACTAL_NZ, FRACTAL_Z of a [K, N]
+  weight) it is moved as *one* element: `clongdouble` for 32 bytes (a raw 32-byte copy in numpy on
+  x86-64/aarch64 Linux), `complex128` for 16, `uint64`... below; 64-byte fp32 rows go as two lanes.
+  FRACTAL_NZ pack is then a `[M, N1] -> [N1, M]` transpose of 32-byte units, tiled along M;
+* **staged transpose** (FRACTAL_NZ unpack): the source is a page or more apart along the
+  destination's inner axis, so a 512 KiB tile is first read with long contiguous runs into a
+  per-thread scratch, then transposed in cache;
+* **onnxruntime Transpose** (NC1HWC0 pack/unpack, NDC1HWC0): per (n, c1) a `C0 x HW <-> HW x C0`
+  transpose of contiguous blocks, i.e. a batched 2-D transpose, which onnxruntime (already a
+  dependency) does with its SIMD kernel. A single-threaded session per shape is cached (~0.5 ms to
+  build, ~5 ms for the first one in a process) and bound to the caller's buffers with `io_binding`,
+  as unsigned integers: an exact copy, no allocation. Our thread pool splits the batch;
+* **two-step** (FRACTAL_Z from NCHW): per 2 MiB tile of N, onnxruntime transposes the `C0 x HW`
+  blocks into a scratch, then numpy moves the 32-byte C0 rows (and the reverse for unpack);
+* otherwise plain numpy with the inner loop put along the axis with small strides on both sides,
+  ~1 MiB tasks, threads.
 
-Tried and rejected (measured in the same session, per core): onnxruntime's Transpose kernel
-(50–80 % for the batched 2-D transposes of NC1HWC0 with static shapes, but 1–7 % for FRACTAL_NZ /
-FRACTAL_Z, erratic with dynamic shapes, and ~10 ms of session creation per new shape); `np.take` with
-2-byte elements (≈ 3 ns per element); void-dtype (`V32`) block copies (≈ 14 ns per block); uint64-lane
-copies of NZ blocks (slower than `np.take`); one numpy call per C0 plane over the whole tensor
-(no cache blocking: 2× slower than 1 MiB tasks). Reaching 50 % on one core needs a SIMD transpose
-kernel, i.e. a compiled extension, which this package deliberately does not ship.
+Allocation: nothing of the output's size (peak 1.00× = the output itself when `out=` is not given;
+0.00× with `out=`). The scratch tiles (≤ 2 MiB per thread for the two-step, 512 KiB for the staged
+transpose) are allocated on first use and kept per thread, so they appear in the peak only on a
+thread's first call (the NZ unpack row). tracemalloc does not see onnxruntime's own memory; checked
+separately with `ru_maxrss`: a warm pack + unpack with `out=` grows the RSS by 0.1 MiB (the first
+use loads onnxruntime, ~20 MiB of libraries, once).
+
+### What reaches 50 %, what does not, and why
+
+In the run above (second core mostly busy, load ≈ 2): **≥ 50 % of copy bandwidth is reached by
+NC1HWC0 unpack (57 % wall, 70 % on one thread) and FRACTAL_NZ pack (49 % wall, 57 % on one thread);
+NC1HWC0 pack (42–47 %) and FRACTAL_NZ unpack (47 %) are just below; FRACTAL_Z is not (22–32 %).**
+With the second core idle (same code, same session, load 0.7) the two-thread figures were NC1HWC0
+pack 77 %, unpack 69 %, FRACTAL_NZ pack 76 %, unpack 66 %, FRACTAL_Z 22–29 %. Before this work the
+same table read 10–27 % (CPU time 20–29 %). Why the rest stops where it does: NC1HWC0 pack is
+onnxruntime's transpose kernel at 45–50 % per core; FRACTAL_NZ moves one 32-byte element per C0 row
+and numpy's generic copy loop costs ~4–5 ns per element, which caps one core at ~55 % (pack) and
+~45 % (unpack, whose source rows are 128 KiB apart, hence the staging). FRACTAL_Z from NCHW needs
+both an element-granular transpose (C0 with the 9-element H·W) and a block transpose (N moves
+inside): two passes, each at 45–55 % per core, give 25–30 %; the 16×9 blocks are too small for
+onnxruntime's kernel to shine, and one 4-D Transpose in onnxruntime is 2–3 %. Reaching 50 % there on
+one core would need a fused compiled kernel, which the package does not ship. With
+`NPU_DEPLOY_FASTCOPY_ORT=0` (numpy only) NC1HWC0 falls back to 21–23 % (pack) and FRACTAL_Z to
+13–20 % on one thread; FRACTAL_NZ is unchanged (it is numpy either way).
+
+Tried and rejected (same session): onnxruntime for FRACTAL_NZ (13–15 % for any unit size), for
+FRACTAL_Z in one 4-D Transpose (2–3 %); onnxruntime's own intra-op threads (every cached session would
+keep its own idle threads; our pool splits the batch instead); staging FRACTAL_Z's block moves (no
+gain); `np.take` gathers of 32-byte blocks (the previous path, ~27 %); `complex128` two-lane copies
+of NZ rows (20–37 %, slower than `clongdouble`); NZ tiles along N1 instead of M (11–19 %); numpy for the element transposes (NC1HWC0: 10–16 %); smaller onnxruntime
+calls for cache blocking (no gain); a load-dependent thread switch (irreproducible figures).
 """
 
 if __name__ == "__main__":

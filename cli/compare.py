@@ -17,6 +17,8 @@ from npu_deploy.errors import InputError
 @apply(tolerance_options)
 @click.option("--cosine-min", type=float, default=None,
               help="Minimum cosine similarity per output (default 0.999 for float16 models, else unchecked).")
+@click.option("--max-outside", type=float, default=None, metavar="SHARE",
+              help="Share of elements allowed outside --atol/--rtol (default 0; 0.001 for float16 models).")
 @click.option("--input", "inputs", multiple=True, metavar="NAME=FILE",
               help="An input (.npy, or raw .bin shaped by the model). Repeatable. Others are generated.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed for generated inputs.")
@@ -33,7 +35,7 @@ from npu_deploy.errors import InputError
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None,
               help="Write the metrics and verdict as JSON.")
 @click.pass_context
-def command(ctx, reference, target, atol, rtol, cosine_min, inputs, seed, input_shape, save_inputs,
+def command(ctx, reference, target, atol, rtol, cosine_min, max_outside, inputs, seed, input_shape, save_inputs,
             load_inputs, output_names, backend, device_id, json_path):
     """Compare TARGET (bundle or .om) with onnxruntime (float32) on REFERENCE.onnx.
 
@@ -62,7 +64,7 @@ def command(ctx, reference, target, atol, rtol, cosine_min, inputs, seed, input_
             feeds = {**generate_inputs([m for m in metas if m.name not in given], seed=seed, shapes=shapes),
                      **given}
         res = compare(reference, sess, inputs=feeds, seed=seed, input_shapes=shapes, atol=atol, rtol=rtol,
-                      cosine_min=cosine_min, output_names=list(output_names) or None,
+                      cosine_min=cosine_min, max_outside=max_outside, output_names=list(output_names) or None,
                       save_inputs_to=save_inputs)
     res.target = str(target)
     click.echo(f"reference: {reference} (onnxruntime, float32)")

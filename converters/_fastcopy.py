@@ -14,15 +14,22 @@ innermost axis is short (C0 = 16 elements): numpy then runs a 16-element inner l
    per (n, c1) a ``C0 x HW`` <-> ``HW x C0`` transpose) go to onnxruntime's Transpose kernel (a
    package dependency; an exact copy of unsigned integers), through a cached single-threaded session
    per shape and ``io_binding`` on the caller's buffers: nothing is allocated;
-4. otherwise numpy, with the inner loop put along the axis whose strides are smallest on *both*
+4. *two-step* (FRACTAL_Z from NCHW: C0 goes innermost *and* N moves inside): per 2 MiB tile,
+   onnxruntime transposes the ``C0 x HW`` blocks into a per-thread scratch and numpy moves the C0
+   rows as wide units (the reverse for unpack);
+5. *staged transpose* (FRACTAL_NZ unpack: the source is a page or more apart along the destination's
+   inner axis): a 512 KiB tile is read with long contiguous runs into a per-thread scratch, then
+   transposed in cache;
+6. otherwise numpy, with the inner loop put along the axis whose strides are smallest on *both*
    sides (a short axis with a smaller destination stride is looped over in Python) and the work cut
    into ~1 MiB cache-sized tasks along that axis first.
 
 Copies of at least ``_PARALLEL_BYTES`` are split over ``min(len(sched_getaffinity), 8)`` threads
 (numpy and onnxruntime release the GIL while copying). The decision depends on the size only, never on
 the momentary machine load, so results are reproducible. It never allocates anything of the array's
-size. ``NPU_DEPLOY_FASTCOPY=0`` disables it (every copy is then a plain ``dst[...] = src``),
-``NPU_DEPLOY_FASTCOPY_ORT=0`` keeps it numpy-only, ``NPU_DEPLOY_THREADS=N`` sets the thread count.
+size (the scratch tiles are at most 2 MiB per thread, kept between calls). ``NPU_DEPLOY_FASTCOPY=0``
+disables it (every copy is then a plain ``dst[...] = src``), ``NPU_DEPLOY_FASTCOPY_ORT=0`` keeps it
+numpy-only, ``NPU_DEPLOY_THREADS=N`` sets the thread count.
 """
 
 from __future__ import annotations
@@ -151,6 +158,8 @@ def _reinterpret(a: np.ndarray, dt: np.dtype, shape, strides) -> np.ndarray:
         # one element at a's first byte, re-typed; as_strided then lays the wanted view over it
         iface = {"data": a.__array_interface__["data"], "typestr": dt.str, "shape": (1,),
                  "strides": None, "version": 3}
+        if dt.kind == "V":
+            iface["descr"] = [("", dt.str)]
         base = np.asarray(_Interface(iface, a))
     return np.lib.stride_tricks.as_strided(base, tuple(shape), tuple(strides),
                                            writeable=a.flags.writeable)
@@ -257,12 +266,12 @@ _SCRATCH_BYTES = 2 << 20   # tile scratch of the two-step copy (per thread; far 
 _local = threading.local()
 
 
-def _scratch(nbytes: int) -> np.ndarray:
+def _scratch(nbytes: int, name: str = "scratch") -> np.ndarray:
     """This thread's tile scratch (kept between calls: a fresh one would page-fault every time)."""
-    buf = getattr(_local, "scratch", None)
+    buf = getattr(_local, name, None)
     if buf is None or buf.nbytes < nbytes:
-        buf = np.empty(max(nbytes, _SCRATCH_BYTES), np.uint8)
-        _local.scratch = buf
+        buf = np.empty(nbytes, np.uint8)
+        setattr(_local, name, buf)
     return buf[:nbytes]
 
 
@@ -275,6 +284,16 @@ def _c_order(shape, strides, unit: int) -> list[int] | None:
             return None
         expect *= shape[i]
     return order
+
+
+def _merged_copy(d: np.ndarray, s: np.ndarray, unit: int) -> None:
+    """Single-threaded ``d[...] = s`` through :func:`_numpy_copy`, axes merged first."""
+    shape, ds, ss = _simplify(d, s)
+    if len(shape) <= 1:
+        d[...] = s
+        return
+    _numpy_copy(np.lib.stride_tricks.as_strided(d, shape, ds), np.lib.stride_tricks.as_strided(s, shape, ss),
+                shape, ds, ss, unit, 1, staged=False)   # measured: staging does not pay here
 
 
 def _two_step(dst: np.ndarray, src: np.ndarray, shape, ds, ss, unit: int, n_threads: int) -> bool:
@@ -304,6 +323,8 @@ def _two_step(dst: np.ndarray, src: np.ndarray, shape, ds, ss, unit: int, n_thre
     A, B = shape[a], shape[b]
     o0 = order[0]
     row = math.prod(shape[i] for i in range(nd) if i != o0) * unit   # bytes per step of axis o0
+    if row > _SCRATCH_BYTES:
+        return False                                   # the scratch stays tile-sized
     t0 = max(1, min(shape[o0], _SCRATCH_BYTES // row))
     if t0 * row < _ORT_MIN_CALL:
         return False
@@ -344,9 +365,9 @@ def _two_step(dst: np.ndarray, src: np.ndarray, shape, ds, ss, unit: int, n_thre
                 io.bind_input("x", "cpu", 0, dt, [nb, A, B], cptr)
                 io.bind_output("y", "cpu", 0, dt, [nb, B, A], sptr)
                 sess.run_with_iobinding(io)
-                _numpy_copy(wv, sc, tshape, list(wv.strides), scr_strides, big_u, 1)
+                _merged_copy(wv, sc, big_u)
             else:
-                _numpy_copy(sc, wv, tshape, scr_strides, list(wv.strides), big_u, 1)
+                _merged_copy(sc, wv, big_u)
                 sess = sessions[(nb, B, A)]
                 io = sess.io_binding()
                 io.bind_input("x", "cpu", 0, dt, [nb, B, A], sptr)
@@ -360,8 +381,40 @@ def _two_step(dst: np.ndarray, src: np.ndarray, shape, ds, ss, unit: int, n_thre
 
 
 # ------------------------------------------------------------------------------ numpy path
-def _numpy_copy(d: np.ndarray, s: np.ndarray, shape, ds, ss, unit: int, n_threads: int) -> None:
+_STAGE_BYTES = 512 << 10    # in-cache tile of the staged transpose
+
+
+def _staged_transpose(d: np.ndarray, s: np.ndarray, shape, ds, ss, unit: int, n_threads: int) -> bool:
+    """2-D transpose whose source is contiguous along the destination's *outer* axis but a page or
+    more apart along its inner one (FRACTAL_NZ unpack: ``[N1, M] -> [M, N1]`` of C0 rows). Read an
+    ``rows x C`` source tile with long contiguous runs into an L2-sized scratch, then transpose it
+    in cache into the destination rows."""
+    if len(shape) != 2 or ss[0] != unit or ds[1] != unit or abs(ss[1]) <= _FAR:
+        return False
+    r, c = shape
+    row = c * unit
+    if 16 * row > _STAGE_BYTES or r < 32:
+        return False
+    mt = max(16, min(r, _STAGE_BYTES // row))
+    tiles = [(r0, min(r, r0 + mt)) for r0 in range(0, r, mt)]
+
+    def run_group(group):
+        sc = _reinterpret(_scratch(mt * row, "stage"), d.dtype, (c, mt), (mt * unit, unit))
+        for r0, r1 in group:
+            part = sc[:, : r1 - r0]
+            part[...] = s[r0:r1].T
+            d[r0:r1] = part.T
+
+    n = max(1, min(n_threads, len(tiles)))
+    _run_tasks(run_group, [tiles[i::n] for i in range(n)], n)
+    return True
+
+
+def _numpy_copy(d: np.ndarray, s: np.ndarray, shape, ds, ss, unit: int, n_threads: int,
+                staged: bool = True) -> None:
     nd = len(shape)
+    if staged and _staged_transpose(d, s, shape, ds, ss, unit, n_threads):
+        return
     # numpy's inner loop runs along the destination's smallest-stride axis. Put it instead along
     # the (long) axis whose strides are small on both sides; loop over the short axes with a smaller
     # destination stride in Python.
@@ -428,7 +481,7 @@ def copy(dst: np.ndarray, src: np.ndarray) -> None:
     if USE_ORT and (_ort_transpose(dst, src, shape, ds, ss, unit, n_threads)
                     or _two_step(dst, src, shape, ds, ss, unit, n_threads)):
         return
-    dt = _UNITS.get(unit, dst.dtype) if unit != item else dst.dtype
+    dt = _UNITS.get(unit) or np.dtype((np.void, unit))   # always a raw byte copy
     d = _reinterpret(dst, dt, shape, ds)
     s = _reinterpret(src, dt, shape, ss)
     _numpy_copy(d, s, shape, ds, ss, unit, n_threads)

@@ -51,6 +51,7 @@ _FP16_MODES = ("force_fp16", "allow_fp32_to_fp16", "allow_mix_precision")
 _PLAIN_4D = ("NCHW", "NHWC", "HWCN", "CHWN")
 _PLAIN_5D = ("NCDHW", "NDHWC", "DHWCN")
 _MAX_PROFILED_RUNS = 100_000
+_VIEW_OPS = ("Reshape", "Squeeze", "Unsqueeze", "Flatten", "Identity")
 
 # msprof's data type spelling in op_summary (see reference/msprof.md §2/§3)
 _MSPROF_DTYPE = {"float32": "FLOAT", "float16": "FLOAT16", "bfloat16": "DT_BF16", "float64": "DOUBLE",
@@ -500,8 +501,10 @@ def _transdata_us(entry: dict[str, Any], soc: str) -> float:
 
 
 def profile_rows(manifest: dict[str, Any], model: onnx.ModelProto | None) -> list[dict[str, Any]]:
-    """One iteration's task rows in device execution order: every graph node (minus the emulator's
-    own rounding casts) and every planned TransData placed before the last of its ``onnx_nodes``."""
+    """One iteration's task rows in device execution order: every graph node that is a device task
+    (not the emulator's rounding casts, ``Constant`` nodes, nodes the plan marks ``folded``, or pure
+    views without an estimate) and every planned TransData, placed before the last of its
+    ``onnx_nodes``."""
     soc = str(manifest.get("soc") or "Ascend310P3")
     cost = manifest.get("cost") or {}
     est = cost.get("est_us") or {}
@@ -541,6 +544,10 @@ def profile_rows(manifest: dict[str, Any], model: onnx.ModelProto | None) -> lis
         for td in before.get(i, []):
             rows.append(td_row(td))
         nf = node_formats.get(n.name) or {}
+        # not device tasks: constants and folded subgraphs (computed at conversion), pure views
+        if n.op_type == "Constant" or nf.get("folded") or (
+                n.op_type in _VIEW_OPS and not float(est.get(n.name, 0.0) or 0.0)):
+            continue
         engine = str(nf.get("engine") or "AI Core")
         ins = [clean(t) for t in n.input]
         outs = [clean(t) for t in n.output]

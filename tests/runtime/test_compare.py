@@ -152,3 +152,19 @@ def test_compare_bad_reference(pair, tmp_path):
         compare(junk, good)
     with pytest.raises(InputError, match="not outputs of the reference"):
         compare(ref, good, output_names=["nope"])
+
+
+def test_max_outside_share():
+    ref = np.zeros(1000)
+    tgt = ref.copy()
+    tgt[:3] = 1.0  # 0.3 % of elements far off
+    assert not compare_arrays("y", ref, tgt, atol=1e-2, rtol=0).passed
+    assert not compare_arrays("y", ref, tgt, atol=1e-2, rtol=0, max_outside=0.002).passed
+    c = compare_arrays("y", ref, tgt, atol=1e-2, rtol=0, max_outside=0.003)
+    assert c.passed and c.outside == 3
+
+
+def test_bad_max_outside(pair):
+    ref, good, *_ = pair
+    with pytest.raises(InputError, match="between 0 and 1"):
+        compare(ref, good, max_outside=5)

@@ -190,3 +190,17 @@ def test_profile_analyser_runs_on_estimated_profile(conv_bundle, tmp_path):
     # oracle: TransData 11.5 µs of 34.5 µs estimated device time
     assert report.formattrans_share() == pytest.approx(100 * 11.5 / 34.5, rel=1e-6)  # percent
     assert "estimated" in report.verdict()
+
+
+def test_profile_skips_non_tasks(tmp_path):
+    from npu_deploy.runtime.emulator import profile_rows
+
+    nodes = [helper.make_node("Constant", [], ["k"], name="k0", value=numpy_helper.from_array(np.ones(2, np.float32))),
+             helper.make_node("Reshape", ["x", "shape"], ["r"], name="view"),
+             helper.make_node("Add", ["r", "k"], ["y"], name="add")]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", 1, [1, 2])],
+                          [helper.make_tensor_value_info("y", 1, [2])],
+                          [numpy_helper.from_array(np.array([2], np.int64), "shape")])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    man = {"node_formats": {"k0": {"folded": True}}, "cost": {"est_us": {"add": 2.0, "view": 0.0}}}
+    assert [r["type"] for r in profile_rows(man, model)] == ["Add"]
