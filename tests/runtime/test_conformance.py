@@ -86,3 +86,18 @@ def test_convert_refuses_cleanly_or_matches(baseline):
     assert all(not o.passed and o.message.startswith("prepare: ModelError") for o in refused)
     assert sum("outside the range ATC parses" in o.message for o in refused) >= len(refused) * 0.8
     assert sum(o.passed for o in ours if o.name in in_range) >= 600  # measured 605
+
+
+def test_plugs_into_onnx_backend_test():
+    import unittest
+
+    import onnx.backend.test
+
+    bt = onnx.backend.test.BackendTest(NpuDeployLoweringBackend, __name__)
+    bt.include(r"^test_(relu|conv_with_strides_padding|matmul_2d)_cpu$")
+    suite = unittest.TestSuite(unittest.defaultTestLoader.loadTestsFromTestCase(c)
+                               for c in bt.test_cases.values())
+    result = unittest.TestResult()
+    suite.run(result)
+    assert result.testsRun - len(result.skipped) == 3
+    assert result.wasSuccessful(), result.failures + result.errors
