@@ -231,7 +231,7 @@ def command(ctx, model, inputs, input_dir, pure_data, loop, warmup, batch_size, 
         if sizes:
             click.echo("  note: --output-size is not needed here and is ignored: outputs are sized from the "
                        "model (static or gear shapes)")
-        show_bar = loop >= 50
+        show_bar = loop >= 50 and sys.stderr.isatty()  # a bar in a log file is only noise
         if show_bar:
             with click.progressbar(length=loop, label="running", file=sys.stderr) as bar:
                 res, outs = benchmark(sess, feeds, loop=loop, warmup=warmup, model=str(model),

@@ -83,6 +83,11 @@ class LoadedModel:
     shapes: dict[str, Shape]
     dtypes: dict[str, np.dtype]
     constants: dict[str, ConstantRef]
+    # every imported domain -> version ("" for ai.onnx); ``opset`` above is the ai.onnx one, 0 when the
+    # model imports none (an ai.onnx.ml-only model: loadable, refused by the support check)
+    opsets: dict[str, int] = dataclasses.field(default_factory=dict)
+    # what loading had to work around, one line each (the converter's report carries them)
+    warnings: list[str] = dataclasses.field(default_factory=list)
 
     @property
     def graph(self) -> onnx.GraphProto:
@@ -192,6 +197,7 @@ def load_model(path: str | os.PathLike, *, input_shapes: Mapping[str, Sequence[i
                          hint="check the file is a complete .onnx export")
     _check_external(model, p)
     _check_structure(model.graph, p)
+    _check_io_types(model.graph, p)
     if check:
         try:
             onnx.checker.check_model(str(p), full_check=True)
@@ -266,7 +272,8 @@ def load_model(path: str | os.PathLike, *, input_shapes: Mapping[str, Sequence[i
     for o in inferred.graph.output:
         s, names = _vi_shape(o)
         outputs.append(TensorInfo(o.name, _np_dtype(o.type.tensor_type.elem_type), s, names))
-    return LoadedModel(inferred, p, inputs, outputs, opset, gears, mode, shapes, dtypes, constants)
+    return LoadedModel(inferred, p, inputs, outputs, opset, gears, mode, shapes, dtypes, constants,
+                       opsets=_opsets(model), warnings=warnings)
 
 
 def _name_nodes(graph: onnx.GraphProto) -> None:
@@ -330,10 +337,35 @@ def _check_structure(graph: onnx.GraphProto, p: Path) -> None:
 
 
 def _opset(model: onnx.ModelProto) -> int:
+    """The ai.onnx opset, 0 when the model imports only other domains (e.g. ai.onnx.ml). Whether ATC
+    can take such a model is the support check's question (``support.check_opset``), not loading's."""
     for o in model.opset_import:
         if o.domain in ("", "ai.onnx"):
             return int(o.version)
-    raise ModelError("the model imports no ai.onnx opset", hint="re-export with a standard opset")
+    return 0
+
+
+def _opsets(model: onnx.ModelProto) -> dict[str, int]:
+    return {("" if o.domain == "ai.onnx" else o.domain): int(o.version) for o in model.opset_import}
+
+
+_VALUE_KINDS = {"sequence_type": "a sequence", "optional_type": "an optional", "map_type": "a map",
+                "sparse_tensor_type": "a sparse tensor"}
+
+
+def _check_io_types(graph: onnx.GraphProto, p: Path) -> None:
+    """An offline NPU model (ATC .om, our bundle) exchanges dense tensors only (ACL datasets hold
+    tensors): refuse graph inputs/outputs typed as sequences, optionals, maps or sparse tensors."""
+    init_names = {t.name for t in graph.initializer}
+    for kind, values in (("input", [i for i in graph.input if i.name not in init_names]),
+                         ("output", list(graph.output))):
+        for vi in values:
+            which = vi.type.WhichOneof("value")
+            if which in _VALUE_KINDS:
+                raise ModelError(f"{p.name}: graph {kind} {vi.name!r} is {_VALUE_KINDS[which]}, not a tensor: an "
+                                 f"NPU model exchanges tensors only",
+                                 hint="export the model with tensor inputs and outputs (e.g. concatenate a "
+                                      "sequence into one tensor inside the graph)")
 
 
 def _check_external(model: onnx.ModelProto, p: Path) -> None:
