@@ -135,6 +135,79 @@ def with_fast(enabled: bool, fn):
     return run
 
 
+def with_kernel(enabled: bool, fn):
+    """Run ``fn`` with the compiled kernel on or off (``NPU_DEPLOY_KERNEL``), on one thread."""
+    def run():
+        old = _fastcopy.KERNEL_ENABLED
+        _fastcopy.KERNEL_ENABLED = enabled
+        try:
+            return fn()
+        finally:
+            _fastcopy.KERNEL_ENABLED = old
+    return with_threads(1, run)
+
+
+_PATHS = {"_kernel_copy": "kernel", "_ort_transpose": "onnxruntime", "_two_step": "two-step",
+          "_staged_transpose": "staged", "_numpy_copy": "numpy"}
+
+
+def served_by(fn) -> str:
+    """Which fast-copy paths served the piece copies of one call of ``fn`` (e.g. "kernel")."""
+    seen: list[str] = []
+    saved = {name: getattr(_fastcopy, name) for name in _PATHS}
+
+    def spy(name, orig):
+        def inner(*a, **k):
+            r = orig(*a, **k)
+            if r or name == "_numpy_copy":
+                seen.append(_PATHS[name])
+            return r
+        return inner
+    try:
+        for name, orig in saved.items():
+            setattr(_fastcopy, name, spy(name, orig))
+        fn()
+    finally:
+        for name, orig in saved.items():
+            setattr(_fastcopy, name, orig)
+    if "staged" in seen:
+        seen = [s for s in seen if s != "numpy"]
+    return " + ".join(dict.fromkeys(seen)) or "plain numpy"
+
+
+def kernel_first_use() -> str:
+    """Build the kernel from scratch in a temporary cache (the first-use cost), then load it from the
+    real cache; a one-line description for the README."""
+    import tempfile
+
+    if not _fastcopy.KERNEL_ENABLED:
+        return "compiled kernel disabled (NPU_DEPLOY_KERNEL=0)"
+    old = os.environ.get("NPU_DEPLOY_CACHE")
+    with tempfile.TemporaryDirectory() as tmp:
+        os.environ["NPU_DEPLOY_CACHE"] = tmp
+        _fastcopy._reset_kernel()
+        t0 = time.perf_counter()
+        ok = _fastcopy._kernel_fn() is not None
+        first = time.perf_counter() - t0
+        info = _fastcopy.kernel_info()
+    if old is None:
+        os.environ.pop("NPU_DEPLOY_CACHE", None)
+    else:
+        os.environ["NPU_DEPLOY_CACHE"] = old
+    _fastcopy._reset_kernel()
+    t0 = time.perf_counter()
+    _fastcopy._kernel_fn()
+    cached = time.perf_counter() - t0
+    if not ok:
+        return f"compiled kernel unavailable ({info['reason']}): numpy/onnxruntime paths"
+    cc = _fastcopy._find_cc()
+    import subprocess
+    ver = subprocess.run([cc, "--version"], capture_output=True, text=True).stdout.splitlines()[0]
+    return (f"compiled kernel: first use {first:.2f} s (compile {info['compile_seconds']:.2f} s with "
+            f"`{ver}`, -O3, no -march), later processes {1000 * cached:.1f} ms (load from the cache); "
+            f"status {_fastcopy.kernel_info()['status']}")
+
+
 CASES = {
     # name: (format, logical shape)  -- float16, each >= 16 MiB
     "NC1HWC0": ("NC1HWC0", (8, 64, 128, 128)),
@@ -170,6 +243,7 @@ def run(cases: dict, reps: int) -> list[dict]:
                     "copy": lambda: np.copyto(b, a),
                     "fast": lambda: F.pack(x, fmt, out=phys),
                     "fast1": with_threads(1, lambda: F.pack(x, fmt, out=phys)),
+                    "nokernel1": with_kernel(False, lambda: F.pack(x, fmt, out=phys)),
                     "derived": with_fast(False, lambda: F.pack(x, fmt, out=phys)),
                     "naive": lambda: naive_pack(x, fmt),
                 }
@@ -181,12 +255,15 @@ def run(cases: dict, reps: int) -> list[dict]:
                     "copy": lambda: np.copyto(b, a),
                     "fast": lambda: F.unpack(phys, fmt, shape, out=back),
                     "fast1": with_threads(1, lambda: F.unpack(phys, fmt, shape, out=back)),
+                    "nokernel1": with_kernel(False, lambda: F.unpack(phys, fmt, shape, out=back)),
                     "derived": with_fast(False, lambda: F.unpack(phys, fmt, shape, out=back)),
                     "naive": lambda: naive_unpack(phys, fmt, shape),
                 }
                 peak = peak_alloc(lambda: F.unpack(phys, fmt, shape))
                 peak_out = peak_alloc(lambda: F.unpack(phys, fmt, shape, out=back))
                 out_bytes = back.nbytes
+            path = served_by(fns["fast"])
+            path_off = served_by(fns["nokernel1"])
             t, cpu = best_of(fns, reps)
             gbs = {k: nb / v / 1e9 for k, v in t.items()}
             rows.append({
@@ -196,6 +273,9 @@ def run(cases: dict, reps: int) -> list[dict]:
                 "fast_vs_naive": t["naive"] / t["fast"], "derived_vs_copy": t["copy"] / t["derived"],
                 "naive_vs_copy": t["copy"] / t["naive"], "fast1_vs_copy": t["copy"] / t["fast1"],
                 "fast1_cpu_vs_copy": cpu["copy"] / cpu["fast1"] if cpu["fast1"] > 0 else float("nan"),
+                "nokernel1_vs_copy": t["copy"] / t["nokernel1"],
+                "nokernel1_cpu_vs_copy": cpu["copy"] / cpu["nokernel1"] if cpu["nokernel1"] > 0 else float("nan"),
+                "path": path, "path_off": path_off,
                 "peak_x_out": peak / out_bytes, "peak_out_x_out": peak_out / out_bytes,
                 "fast_cpu_vs_copy": cpu["copy"] / cpu["fast"] if cpu["fast"] > 0 else float("nan"),
                 "derived_cpu_vs_copy": cpu["copy"] / cpu["derived"] if cpu["derived"] > 0 else float("nan"),
@@ -204,7 +284,9 @@ def run(cases: dict, reps: int) -> list[dict]:
             r = rows[-1]
             print(f"{name:<11} {direction:<6} {r['mib']:6.1f} MiB  copy {r['copy_gbs']:5.2f} GB/s  "
                   f"fast {r['fast_gbs']:5.2f} GB/s ({100 * r['fast_vs_copy']:4.0f} % of copy, "
-                  f"{r['fast_vs_naive']:4.1f}x naive; 1 thread {100 * r['fast1_vs_copy']:4.0f} %)  "
+                  f"{r['fast_vs_naive']:4.1f}x naive; 1 thread {100 * r['fast1_vs_copy']:4.0f} %, "
+                  f"CPU {100 * r['fast1_cpu_vs_copy']:4.0f} %; no kernel {100 * r['nokernel1_vs_copy']:4.0f} %, "
+                  f"CPU {100 * r['nokernel1_cpu_vs_copy']:4.0f} %)  [{r['path']} | off: {r['path_off']}]  "
                   f"derived {100 * r['derived_vs_copy']:4.0f} %  "
                   f"naive {100 * r['naive_vs_copy']:4.0f} %  | CPU-time: fast {100 * r['fast_cpu_vs_copy']:4.0f} % "
                   f"derived {100 * r['derived_cpu_vs_copy']:4.0f} % naive {100 * r['naive_cpu_vs_copy']:4.0f} %  "
@@ -248,19 +330,24 @@ def markdown(rows: list[dict], info: str, reps: int) -> str:
         "tracemalloc's peak during one call without `out=` (with `out=` in brackets), as a multiple "
         "of the output size.",
         "",
-        "| format | dir | MiB | copy GB/s | fast GB/s | fast % of copy | fast × naive | derived % of copy "
-        "| naive % of copy | fast 1-thread % of copy | CPU: fast / 1-thread / derived / naive % of copy "
-        "| peak alloc × out |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "*Path* is what served the piece copies (*kernel*: the compiled strided-copy kernel); "
+        "*no kernel* is the same call with `NPU_DEPLOY_KERNEL=0` (the previous paths, named after the "
+        "slash), on one thread like the *1-thread* column.",
+        "",
+        "| format | dir | MiB | path (no kernel) | copy GB/s | fast GB/s | fast % of copy | fast × naive "
+        "| fast 1-thread % of copy | no kernel 1-thread % of copy | derived % of copy | naive % of copy "
+        "| CPU: fast / 1-thread / no kernel / derived / naive % of copy | peak alloc × out |",
+        "|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
         lines.append(
-            f"| {r['case']} {list(r['shape'])} | {r['direction']} | {r['mib']:.1f} | {r['copy_gbs']:.2f} | "
+            f"| {r['case']} {list(r['shape'])} | {r['direction']} | {r['mib']:.1f} | "
+            f"{r['path']} ({r['path_off']}) | {r['copy_gbs']:.2f} | "
             f"{r['fast_gbs']:.2f} | {100 * r['fast_vs_copy']:.0f} % | {r['fast_vs_naive']:.1f}× | "
+            f"{100 * r['fast1_vs_copy']:.0f} % | {100 * r['nokernel1_vs_copy']:.0f} % | "
             f"{100 * r['derived_vs_copy']:.0f} % | {100 * r['naive_vs_copy']:.0f} % | "
-            f"{100 * r['fast1_vs_copy']:.0f} % | "
             f"{100 * r['fast_cpu_vs_copy']:.0f} / {100 * r['fast1_cpu_vs_copy']:.0f} / "
-            f"{100 * r['derived_cpu_vs_copy']:.0f} / "
+            f"{100 * r['nokernel1_cpu_vs_copy']:.0f} / {100 * r['derived_cpu_vs_copy']:.0f} / "
             f"{100 * r['naive_cpu_vs_copy']:.0f} % | {r['peak_x_out']:.2f} ({r['peak_out_x_out']:.2f}) |")
     return "\n".join(lines) + "\n"
 
@@ -273,6 +360,9 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     info = machine()
     print(info)
+    kinfo = kernel_first_use()
+    print(kinfo)
+    info += "; " + kinfo
     rows = run(QUICK if args.quick else CASES, args.reps)
     if hasattr(os, "getloadavg"):
         info += "; at end " + ", ".join(f"{v:.2f}" for v in os.getloadavg())

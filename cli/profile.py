@@ -64,6 +64,10 @@ def analyze(ctx, path, threshold, include_transpose, json_path, html_path, fail_
     msprof_*.db / ascend_pytorch_profiler*.db export, or one op_summary / kernel_details / op_statistic
     CSV or timeline JSON. Shares are of device compute time (communication excluded).
 
+    One source is read per capture, the richest; two copies of the same data (a kernel_details.csv and the
+    op_summary it was made from, a capture copied twice) are read once, and the output lists every file
+    found with the reason it was not used ("same data as X").
+
     Exit codes: 0 analysed, 1 flagged with --fail-on-flag, 2 nothing usable found.
     """
     from npu_deploy.profiling.analyze import analyze_profile

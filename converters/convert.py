@@ -3,9 +3,10 @@
 The pipeline, the same for the API and ``npu-deploy convert``:
 
 1. **ONNX from path** — :func:`~npu_deploy.converters.onnx_model.load_model`: external data checked,
-   ``onnx.checker`` full check, input shapes / gears applied, shapes inferred.
-2. **Op support** — :func:`~npu_deploy.converters.support.check_support`: opset range, and every
-   unsupported node reported together, before any long compile starts.
+   tensor-only inputs/outputs, ``onnx.checker`` full check, input shapes / gears applied, shapes
+   inferred (what loading worked around lands in the plan report's ``notes``).
+2. **Op support** — :func:`~npu_deploy.converters.support.check_support`: an ai.onnx opset in ATC's
+   range, and every unsupported node reported together, before any long compile starts.
 3. **Backend** — ``"atc"`` runs ATC (``converters.atc``); ``"builtin"`` plans the lowering
    (``converters.planner``) and writes the bundle (``converters.bundle``), packing and writing the
    weights one at a time; ``"auto"`` is ATC when it is found, else built-in (the result says which
@@ -382,5 +383,6 @@ def build_manifest(loaded, p, *, input_format: str | None = None, support=None) 
         "plan": {"verdict": p.report.verdict(), "passes": [list(x) for x in p.passes]},
         "support": None if support is None else {"verdict": support.verdict(), "counts": support.counts()},
         "source_model": {"name": loaded.path.name, "path": str(loaded.path), "sha256": _sha256(loaded.path),
-                         "opset": loaded.opset, "ir_version": loaded.model.ir_version},
+                         "opset": loaded.opset, "ir_version": loaded.model.ir_version,
+                         "opsets": {o.domain or "ai.onnx": int(o.version) for o in loaded.model.opset_import}},
     }

@@ -1,12 +1,18 @@
 """Load and validate an ONNX model for conversion: checks, fixed shapes, dynamic gears, lazy weights.
 
 ``load_model`` does, in order: read the protobuf without external data; check every external-data
-reference (file present, inside the model's folder, long enough); run ``onnx.checker`` (full check);
-apply the user's input shapes (``--input-shape``) and dynamic gears (``--dynamic-batch`` /
-``--dynamic-dims``) and refuse dynamic dimensions nothing fixes; infer every tensor's shape at the
-largest gear (ONNX shape inference, then — for shapes that depend on values, e.g. ``Shape → Reshape``
-chains — one onnxruntime run of the model on zeros). Weights are never all loaded: ``constant_array``
-reads one initializer (inline or external) or one ``Constant`` node value at a time.
+reference (file present, inside the model's folder, long enough), the graph's structure (dangling
+inputs, cycles) and that graph inputs/outputs are tensors (not sequences/optionals: an NPU model
+exchanges tensors only); run ``onnx.checker`` (full check — when its only failures lie inside the
+function body of a *standard* op, an onnx schema issue such as ``MeanVarianceNormalization``'s in
+onnx 1.23, the plain check runs instead and ``warnings`` says so); apply the user's input shapes
+(``--input-shape``) and dynamic gears (``--dynamic-batch`` / ``--dynamic-dims``) and refuse dynamic
+dimensions nothing fixes; infer every tensor's shape at the largest gear (ONNX shape inference, then —
+for shapes computed in the graph, e.g. ``Shape → Reshape`` chains — onnxruntime runs of the model on
+zeros and on ones; shapes the runs cannot agree on depend on input *values* and are listed in
+``data_dependent``). Which opsets and domains ATC accepts is the support check's question, not
+loading's: ``opset`` is 0 for a model importing only ``ai.onnx.ml``. Weights are never all loaded:
+``constant_array`` reads one initializer (inline or external) or one ``Constant`` node value at a time.
 
 >>> import numpy as np, onnx, tempfile, os
 >>> from onnx import helper, TensorProto
@@ -88,6 +94,9 @@ class LoadedModel:
     opsets: dict[str, int] = dataclasses.field(default_factory=dict)
     # what loading had to work around, one line each (the converter's report carries them)
     warnings: list[str] = dataclasses.field(default_factory=list)
+    # tensors whose shapes depend on input values (absent from ``shapes``; the plan keeps them in ND
+    # and leaves them out of the memory plan)
+    data_dependent: list[str] = dataclasses.field(default_factory=list)
 
     @property
     def graph(self) -> onnx.GraphProto:
@@ -198,6 +207,7 @@ def load_model(path: str | os.PathLike, *, input_shapes: Mapping[str, Sequence[i
     _check_external(model, p)
     _check_structure(model.graph, p)
     _check_io_types(model.graph, p)
+    warnings: list[str] = []
     if check:
         try:
             onnx.checker.check_model(str(p), full_check=True)
@@ -205,8 +215,16 @@ def load_model(path: str | os.PathLike, *, input_shapes: Mapping[str, Sequence[i
             raise ModelError(f"{p}: invalid ONNX model: {_first_line(e)}",
                              hint="fix the export (onnx.checker rejects it)") from None
         except Exception as e:  # shape-inference errors raised by full_check
-            raise ModelError(f"{p}: invalid ONNX model: {_first_line(e)}",
-                             hint="fix the export (onnx.checker rejects it)") from None
+            ops = _standard_body_failures(model, e)
+            if not ops:
+                raise ModelError(f"{p}: invalid ONNX model: {_first_line(e)}",
+                                 hint="fix the export (onnx.checker rejects it)") from None
+            try:  # the model's own graph passed inference; still run the structural checker
+                onnx.checker.check_model(str(p), full_check=False)
+            except Exception as e2:
+                raise ModelError(f"{p}: invalid ONNX model: {_first_line(e2)}",
+                                 hint="fix the export (onnx.checker rejects it)") from None
+            warnings.append(_body_warning(ops))
     opset = _opset(model)
     _name_nodes(model.graph)
 
@@ -259,13 +277,17 @@ def load_model(path: str | os.PathLike, *, input_shapes: Mapping[str, Sequence[i
     for i in graph_inputs:
         _set_shape(i, fixed[i.name], base[i.name][1])
     try:
-        inferred = onnx.shape_inference.infer_shapes(model, strict_mode=True, data_prop=True)
+        inferred = _infer_shapes(model, warnings)
     except Exception as e:
         raise ModelError(f"{p}: shape inference failed with the given input shapes: {_first_line(e)}",
                          hint="check --input-shape values") from None
 
     largest = max(gears, key=lambda g: sum(int(np.prod(s)) for s in g.values())) if gears else fixed
-    shapes, dtypes = _all_shapes(inferred, p, largest)
+    shapes, dtypes, unknown, why = _all_shapes(inferred, p, largest)
+    if unknown:
+        warnings.append(f"{len(unknown)} tensor(s) have data-dependent shapes (e.g. {unknown[0]!r}; {why}): "
+                        f"kept in ND, memory not planned for them (sized at run time, as ATC's dynamic shape "
+                        f"mode would need)")
     constants = _constants(inferred)
     inputs = [_info(i, fixed[i.name], base[i.name][1]) for i in graph_inputs]
     outputs = []
@@ -273,7 +295,116 @@ def load_model(path: str | os.PathLike, *, input_shapes: Mapping[str, Sequence[i
         s, names = _vi_shape(o)
         outputs.append(TensorInfo(o.name, _np_dtype(o.type.tensor_type.elem_type), s, names))
     return LoadedModel(inferred, p, inputs, outputs, opset, gears, mode, shapes, dtypes, constants,
-                       opsets=_opsets(model), warnings=warnings)
+                       opsets=_opsets(model), warnings=warnings, data_dependent=unknown)
+
+
+_TAG = "__npu_deploy_check_"
+
+
+def _standard_body_failures(model: onnx.ModelProto, error: BaseException) -> list[str]:
+    """When strict shape inference fails *only inside the function bodies of standard ops* (onnx's
+    own schemas, not the model's graph), the op types concerned; otherwise ``[]``.
+
+    onnx 1.23 fails for instance on ``MeanVarianceNormalization`` with the default ``axes``: its
+    schema body holds ``Constant <value_ints = @axes>`` and the default is not substituted for the
+    reference, so the body's Constant has no value. That is onnx's bug, not the model's; the model's
+    own nodes are still checked (the full check reports every failing node, each tagged here, and a
+    node's own input types are checked against its schema). ``error`` is the original failure:
+    anything other than inference errors is never excused."""
+    if "Inference error(s)" not in str(error):
+        return []
+    m = onnx.ModelProto()
+    m.CopyFrom(model)
+    for k, n in enumerate(m.graph.node):
+        n.name = f"{_TAG}{k}"
+    try:
+        onnx.checker.check_model(m, full_check=True)
+        return []  # not reproducible on the tagged copy: do not guess
+    except onnx.checker.ValidationError:
+        return []
+    except Exception as e:
+        text = str(e)
+    import re
+
+    header = re.compile(r"\(op_type:[^,()]*, node name: " + _TAG + r"(\d+)\): ")
+    parts = header.split(text)
+    # parts: [prefix, index, error, index, error, ...]; the prefix must be only the aggregate header
+    if len(parts) < 3 or parts[0].strip() != "[ShapeInferenceError] Inference error(s):":
+        return []
+    local = {(f.domain, f.name) for f in model.functions}
+    opset = _opset(model)
+    types = _value_types(m)
+    ops = []
+    for index, err in zip(parts[1::2], parts[2::2]):
+        n = model.graph.node[int(index)]
+        if n.domain not in ("", "ai.onnx") or ("", n.op_type) in local or ("ai.onnx", n.op_type) in local:
+            return []
+        try:
+            schema = onnx.defs.get_schema(n.op_type, opset, "")
+        except Exception:
+            return []
+        if not (schema.has_function or schema.has_context_dependent_function):
+            return []
+        # nested: the error comes from a node of the op's function body, not from the node itself
+        if not err.startswith("[ShapeInferenceError] Inference error(s): (op_type:"):
+            return []
+        if types is None or not _inputs_match_schema(types, n, schema):
+            return []
+        ops.append(n.op_type)
+    return sorted(set(ops))
+
+
+def _value_types(model: onnx.ModelProto) -> dict[str, onnx.TypeProto] | None:
+    """Every value's type after non-strict inference (``None`` when even that fails)."""
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False)
+    except Exception:
+        return None
+    types = {vi.name: vi.type for vi in [*inferred.graph.input, *inferred.graph.value_info,
+                                          *inferred.graph.output]}
+    for t in inferred.graph.initializer:
+        types[t.name] = helper.make_tensor_type_proto(t.data_type, None)
+    return types
+
+
+def _inputs_match_schema(types: Mapping[str, onnx.TypeProto], node: onnx.NodeProto, schema) -> bool:
+    """The node's own input types against its schema's type constraints: the check a failing function
+    body can hide (inference stops inside the body before reaching the node's real problem)."""
+    allowed = {c.type_param_str: set(c.allowed_type_strs) for c in schema.type_constraints}
+    formals = list(schema.inputs)
+    for k, name in enumerate(node.input):
+        if not name or not formals or name not in types:
+            continue
+        formal = formals[min(k, len(formals) - 1)]
+        t = types[name]
+        if not t.HasField("tensor_type") or not t.tensor_type.elem_type:
+            continue
+        have = f"tensor({helper.tensor_dtype_to_string(t.tensor_type.elem_type).split('.')[-1].lower()})"
+        want = allowed.get(formal.type_str, {formal.type_str})
+        if have not in want:
+            return False
+    return True
+
+
+def _body_warning(ops: Sequence[str]) -> str:
+    return (f"onnx's shape inference fails inside the standard function body of {', '.join(ops)} (an onnx "
+            f"schema issue, not the model's graph): checked without full_check, shapes completed by running "
+            f"the model")
+
+
+def _infer_shapes(model: onnx.ModelProto, warnings: list[str]) -> onnx.ModelProto:
+    """Strict ONNX shape inference; non-strict only when the sole failures are inside standard ops'
+    function bodies (see ``_standard_body_failures``), with a warning added."""
+    try:
+        return onnx.shape_inference.infer_shapes(model, strict_mode=True, data_prop=True)
+    except Exception as e:
+        ops = _standard_body_failures(model, e)
+        if not ops:
+            raise
+        w = _body_warning(ops)
+        if w not in warnings:
+            warnings.append(w)
+        return onnx.shape_inference.infer_shapes(model, strict_mode=False, data_prop=True)
 
 
 def _name_nodes(graph: onnx.GraphProto) -> None:
@@ -364,8 +495,8 @@ def _check_io_types(graph: onnx.GraphProto, p: Path) -> None:
             if which in _VALUE_KINDS:
                 raise ModelError(f"{p.name}: graph {kind} {vi.name!r} is {_VALUE_KINDS[which]}, not a tensor: an "
                                  f"NPU model exchanges tensors only",
-                                 hint="export the model with tensor inputs and outputs (e.g. concatenate a "
-                                      "sequence into one tensor inside the graph)")
+                                 hint="keep sequences/optionals inside the graph (e.g. ConcatFromSequence "
+                                      "before the output)")
 
 
 def _check_external(model: onnx.ModelProto, p: Path) -> None:
@@ -479,9 +610,10 @@ def _concrete(vi: onnx.ValueInfoProto) -> Shape | None:
     return tuple(dims)
 
 
-def _all_shapes(model: onnx.ModelProto, p: Path,
-                gear: Mapping[str, Shape]) -> tuple[dict[str, Shape], dict[str, np.dtype]]:
-    """Every tensor's concrete shape and dtype at ``gear`` (ONNX inference, then onnxruntime)."""
+def _all_shapes(model: onnx.ModelProto, p: Path, gear: Mapping[str, Shape]
+                ) -> tuple[dict[str, Shape], dict[str, np.dtype], list[str], str | None]:
+    """Every tensor's concrete shape and dtype at ``gear`` (ONNX inference, then onnxruntime), the
+    tensors whose shapes depend on input values (left out of the shapes) and why."""
     init_names = {t.name for t in model.graph.initializer}
     if all(gear.get(i.name) == _concrete(i) for i in model.graph.input if i.name not in init_names):
         m = model  # already inferred at these shapes
@@ -492,7 +624,7 @@ def _all_shapes(model: onnx.ModelProto, p: Path,
             if i.name in gear and i.name not in init_names:
                 _set_shape(i, gear[i.name], ())
         try:
-            m = onnx.shape_inference.infer_shapes(m, strict_mode=True, data_prop=True)
+            m = _infer_shapes(m, [])
         except Exception as e:
             raise ModelError(f"{p}: shape inference failed at gear {dict(gear)}: {_first_line(e)}",
                              hint="check --input-shape / gear values") from None
@@ -515,14 +647,23 @@ def _all_shapes(model: onnx.ModelProto, p: Path,
                     shapes[n.output[0]] = tuple(int(d) for d in a.t.dims)
                     dtypes[n.output[0]] = _np_dtype(a.t.data_type)
     missing = [o for n in m.graph.node for o in n.output if o and (o not in shapes or o not in dtypes)]
-    if missing:
-        _shapes_by_running(model, p, gear, missing, shapes, dtypes)
-    return shapes, dtypes
+    unknown: list[str] = []
+    why = _shapes_by_running(model, p, gear, missing, shapes, dtypes) if missing else None
+    if why is not None:
+        unknown = [o for o in missing if o not in shapes]
+    return shapes, dtypes, unknown, why
 
 
 def _shapes_by_running(model: onnx.ModelProto, p: Path, gear: Mapping[str, Shape], missing: list[str],
-                       shapes: dict[str, Shape], dtypes: dict[str, np.dtype]) -> None:
-    """Shapes that depend on values (Shape → Gather → Reshape…): run the model once on zeros."""
+                       shapes: dict[str, Shape], dtypes: dict[str, np.dtype]) -> str | None:
+    """Shapes ONNX inference leaves open (Shape → Gather → Reshape chains): run the model on zeros,
+    then on ones, and keep the shapes both runs agree on.
+
+    A shape that changes with the input *values* (a Reshape target read from an input, a TopK ``k``)
+    is not a property of the model: when a run fails (zeros or ones are not valid there) or the two
+    runs disagree, those tensors stay out of ``shapes`` and the reason is returned (``None`` when every
+    missing shape was found). Their dtypes are kept. Two agreeing runs are evidence, not proof; the
+    emulator and ATC's dynamic mode size such tensors at run time either way."""
     import onnxruntime as ort
 
     m = onnx.ModelProto()
@@ -533,27 +674,45 @@ def _shapes_by_running(model: onnx.ModelProto, p: Path, gear: Mapping[str, Shape
     for name in missing:
         if name not in have:
             m.graph.output.append(onnx.ValueInfoProto(name=name))
-    feeds = {}
     init_names = {t.name for t in m.graph.initializer}
-    for i in m.graph.input:
-        if i.name in init_names:
-            continue
-        feeds[i.name] = np.zeros(gear[i.name], dtype=_np_dtype(i.type.tensor_type.elem_type))
+    specs = {i.name: (gear[i.name], _np_dtype(i.type.tensor_type.elem_type))
+             for i in m.graph.input if i.name not in init_names}
     try:
         opts = ort.SessionOptions()
         opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-        opts.log_severity_level = 3
+        opts.log_severity_level = 4
         sess = ort.InferenceSession(m.SerializeToString(), opts, providers=["CPUExecutionProvider"])
         names = [o.name for o in sess.get_outputs()]
-        values = sess.run(names, feeds)
     except Exception as e:
         raise ModelError(f"{p}: cannot determine the shapes of {len(missing)} tensors (e.g. {missing[0]!r}) "
                          f"at input shapes {dict(gear)}: {_first_line(e)}",
                          hint="check --input-shape values") from None
-    for name, v in zip(names, values):
-        if name in missing or name not in shapes:
-            shapes[name] = tuple(int(d) for d in np.shape(v))
-            dtypes[name] = np.asarray(v).dtype
+    runs = []
+    for fill in (np.zeros, np.ones):
+        try:
+            runs.append(sess.run(names, {k: fill(s, dtype=dt) for k, (s, dt) in specs.items()}))
+        except Exception as e:
+            text = _first_line(e).split("Status Message:")[-1].strip()
+            why = f"the run on {fill.__name__} fails: {text[:100]}"
+            if not runs:
+                return why
+            break
+    else:
+        why = None
+    wanted = set(missing)
+    differ = []
+    for k, name in enumerate(names):
+        if name not in wanted and name in shapes:
+            continue
+        v0 = np.asarray(runs[0][k])
+        dtypes[name] = v0.dtype
+        if len(runs) == 2 and np.shape(runs[1][k]) == v0.shape:
+            shapes[name] = tuple(int(d) for d in v0.shape)
+        else:
+            differ.append(name)
+    if not differ:
+        return None
+    return why or "runs on zeros and on ones give different shapes"
 
 
 def _constants(model: onnx.ModelProto) -> dict[str, ConstantRef]:

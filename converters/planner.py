@@ -146,6 +146,7 @@ for _op in _FOLLOW_OPS:
 _ND_RULE = FormatRule("nd", note="needs ND (its kernel indexes the logical layout)")
 _AICPU_RULE = FormatRule("nd", note="runs on AI CPU, which takes ND only")
 _CONST_RULE = FormatRule("nd", note="compile-time constant")
+_DYNAMIC_RULE = FormatRule("nd", note="output shape depends on input values: kept in ND")
 
 
 def rule_for(op_type: str) -> FormatRule:
@@ -271,6 +272,7 @@ class PlanState:
         self.producer: dict[str, tuple[int, int]] = {}
         self.consumers: dict[str, list[tuple[int, int]]] = {}
         eng = {n.name: n for n in support.nodes}
+        dynamic = set(getattr(loaded, "data_dependent", ()))
         self.nodes: list[_Node] = []
         for k, n in enumerate(self.graph.node):
             s = eng.get(n.name)
@@ -281,6 +283,8 @@ class PlanState:
                 rule = _CONST_RULE
             elif engine == AI_CPU:
                 rule = _AICPU_RULE
+            elif any(o in dynamic for o in n.output):
+                rule = _DYNAMIC_RULE
             else:
                 rule = rule_for(n.op_type)
             node = _Node(k, n, rule, engine, folded)
@@ -1215,8 +1219,10 @@ def _memory_plan(state: PlanState, transdata: list[TransData], memory) -> Any:
         if o in end:
             end[o] = last
     idx = {n.node.name: n.idx for n in state.nodes}
+    # tensors with data-dependent shapes (loaded.data_dependent) have no size to plan: left out
+    dynamic = set(getattr(state.loaded, "data_dependent", ()))
     tensors = [memory.MemTensor(t, state.storage_bytes(t, state.tensor_format(t)), f, end[t])
-               for t, f in first.items()]
+               for t, f in first.items() if t not in dynamic]
     for td in transdata:
         steps = [idx[c] if c in idx else last for c in td.consumers]
         tensors.append(memory.MemTensor(f"{td.name}:{td.tensor}", td.dst_bytes, min(steps), max(steps)))
@@ -1263,7 +1269,7 @@ def _report(loaded, state, soc, precision_mode, support, naive, transdata, weigh
             continue
         key = plain_name(state.rank(n.node.output[0]) if n.node.output else 0) if is_plain(n.fmt) else n.fmt
         formats_count[key] = formats_count.get(key, 0) + 1
-    notes = []
+    notes = list(getattr(loaded, "warnings", ()))  # what loading worked around (onnx_model.load_model)
     cost_d = None
     if cost is not None:
         cost_d = {"estimated": True, "compute_us": float(cost.compute_us),

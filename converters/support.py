@@ -380,11 +380,17 @@ def check_opset(opset: int, model_name: str = "the model") -> None:
 def check_support(loaded, soc: str, *, precision_mode: str | None = None) -> SupportReport:
     """Op support for a :class:`~npu_deploy.converters.onnx_model.LoadedModel` on ``soc``.
 
-    Raises ``ModelError`` for an opset outside the supported range; unsupported nodes are reported
+    Raises ``ModelError`` for a model without an ai.onnx opset (e.g. ai.onnx.ml only) or with one
+    outside the supported range; unsupported nodes are reported
     (``report.unsupported()``, ``report.raise_if_unsupported()``), not raised.
     """
-    check_opset(loaded.opset, loaded.path.name)
     opsets = {o.domain: o.version for o in loaded.model.opset_import}
+    if not loaded.opset:  # e.g. an ai.onnx.ml-only model: loadable, but ATC parses ai.onnx models only
+        others = ", ".join(f"{d} {v}" for d, v in opsets.items()) or "none"
+        raise ModelError(f"{loaded.path.name}: the model imports no ai.onnx opset (domains: {others}); "
+                         f"ATC parses ai.onnx models only", hint="re-export the model with standard "
+                         "ai.onnx ops (ai.onnx.ml ops have no NPU lowering)")
+    check_opset(loaded.opset, loaded.path.name)
     static = {i.name: i.shape for i in loaded.inputs} if not loaded.gears else {}
     if not loaded.gears:
         static.update(loaded.shapes)

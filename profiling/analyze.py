@@ -8,7 +8,9 @@ Classes of conversion (msprof.md §8.1):
 
 * ``format`` — TransData, TransDataRNN, ReFormat: private-format conversions (NCHW→NC1HWC0, ND→FRACTAL_NZ …)
 * ``layout`` — Transpose, TransposeD, ConfusionTransposeD: layout permutations; counted in the flagged
-  FormatTrans total unless ``include_transpose=False``
+  FormatTrans total unless ``include_transpose=False``. A permutation keeps its format (ND→ND), so its
+  kinds are told apart by their shapes and labelled ``Transpose ND [1024,12,512]→[12,1024,512]`` (the
+  first 64 distinct permutations; the rest, and rows without shapes, as ``Transpose (ND)``)
 * ``dtype`` — Cast: reported apart, never counted as FormatTrans
 
 >>> from npu_deploy.profiling.analyze import analyze_profile
@@ -153,6 +155,35 @@ class Instance:
 
         return self.out_shape if is_private_format(self.src_format) else self.shape
 
+    @property
+    def is_permutation(self) -> bool:
+        return self.op_type in TRANSPOSE_TYPES
+
+    @property
+    def conversion(self) -> str:
+        """What it converts: ``NCHW→NC1HWC0`` for TransData and Cast; for a layout permutation, which
+        changes no format, the op and its format: ``Transpose ND``."""
+        if self.is_permutation:
+            return _permutation_text(self.op_type, self.src_format, self.dst_format)
+        return f"{self.src_format or '?'}→{self.dst_format or '?'}"
+
+    @property
+    def shape_label(self) -> str:
+        """``[logical shape]``; ``[in]→[out]`` for a permutation (``[1024,12,512]→[12,1024,512]``)."""
+        if self.is_permutation and self.shape and self.out_shape:
+            return f"[{self.shape}]→[{self.out_shape}]"
+        return f"[{self.logical_shape or '?'}]"
+
+
+def _permutation_text(op: str, src: str | None, dst: str | None) -> str:
+    src = None if src in (None, "?") else src
+    dst = None if dst in (None, "?") else dst
+    if src is None and dst is None:
+        return op
+    if src == dst or dst is None or src is None:
+        return f"{op} {src or dst}"
+    return f"{op} {src}→{dst}"
+
 
 @dataclass
 class ConversionKind:
@@ -170,9 +201,26 @@ class ConversionKind:
     share_pct: float
     shapes: list[list] = field(default_factory=list)   # [[shape, count], …] most common first
     top: list[Instance] = field(default_factory=list)
+    #: layout kinds only: the permutation's input and output shapes (None when not recorded, or when
+    #: there were too many distinct permutations to keep them apart)
+    in_shape: str | None = None
+    out_shape: str | None = None
 
     @property
     def label(self) -> str:
+        """``NCHW→NC1HWC0`` (TransData), ``FLOAT→FLOAT16`` (Cast); a permutation changes no format, so it
+        is named by op, format and shapes: ``Transpose ND [1024,12,512]→[12,1024,512]``, else
+        ``Transpose (ND)``."""
+        if self.category == "layout":
+            op = "/".join(self.op_types) or "Transpose"
+            known = not (self.src == "?" and self.dst == "?")
+            if self.in_shape and self.out_shape:
+                text = _permutation_text(op, self.src, self.dst)
+                return f"{text} [{self.in_shape}]→[{self.out_shape}]"
+            if not known:
+                return f"{op} (formats not recorded)"
+            fmt = self.src if self.src == self.dst else f"{self.src}→{self.dst}"
+            return f"{op} ({fmt})"
         if self.src == "?" and self.dst == "?":
             return "(dtypes not recorded)" if self.category == "dtype" else "(formats not recorded)"
         return f"{self.src}→{self.dst}"
@@ -314,6 +362,14 @@ class ProfileReport(Result):
             line += " (estimated by the emulator's cost model)"
         return line
 
+    def to_dict(self) -> dict:
+        d = super().to_dict()
+        for out, k in zip(d.get("conversions", []), self.conversions):
+            out["label"] = k.label
+        for out, t in zip(d.get("round_trips", []), self.round_trips):
+            out["label"] = t.label
+        return d
+
     @classmethod
     def from_dict(cls, d: dict) -> "ProfileReport":
         d = dict(d)
@@ -346,10 +402,12 @@ class _Stream:
 
 
 class _Kind:
-    __slots__ = ("category", "op_types", "src", "dst", "count", "total", "min", "max", "shapes", "ops")
+    __slots__ = ("category", "op_types", "src", "dst", "count", "total", "min", "max", "shapes", "ops",
+                 "in_shape", "out_shape")
 
-    def __init__(self, category, src, dst):
+    def __init__(self, category, src, dst, in_shape=None, out_shape=None):
         self.category = category
+        self.in_shape, self.out_shape = in_shape, out_shape
         self.op_types: set = set()
         self.src, self.dst = src, dst
         self.count = 0
@@ -361,6 +419,7 @@ class _Kind:
 
 
 _TOP_N = 10
+_MAX_LAYOUT_KINDS = 64           # permutations kept apart by shape; more fold into one kind per format
 _MAX_PENDING = 2048
 _MAX_SHAPES = 512
 _MAX_PARSED = 8192
@@ -391,7 +450,8 @@ class Analyzer:
         self.slots: dict = {}            # (raw op type, raw core) -> slot (see _slot)
         self.streams: dict = {}          # (device, stream) -> _Stream, of the current capture
         self.captures: list = [("", self.streams)]   # (label, streams) per capture
-        self.kinds: dict = {}            # (category, src, dst) -> _Kind
+        self.kinds: dict = {}            # (category, src, dst[, in shape, out shape]) -> _Kind
+        self.n_layout_kinds = 0          # layout kinds kept apart by their shapes
         self.round_trips: dict = {}
         self.ai_cpu: dict = {}
         self.classified_by_name = 0
@@ -575,9 +635,16 @@ class Analyzer:
         oshape = _shape_text(out_shapes)
         logical = oshape if (category == "format" and P.is_private_format(src_f)) else shape
         key = (category, src, dst)
+        pin = pout = None
+        if category == "layout" and shape is not None and oshape is not None:
+            # a permutation is told apart by its shapes (its formats do not change)
+            if (category, src, dst, shape, oshape) in self.kinds or self.n_layout_kinds < _MAX_LAYOUT_KINDS:
+                key, pin, pout = (category, src, dst, shape, oshape), shape, oshape
         k = self.kinds.get(key)
         if k is None:
-            k = self.kinds[key] = _Kind(category, src, dst)
+            k = self.kinds[key] = _Kind(category, src, dst, pin, pout)
+            if pin is not None:
+                self.n_layout_kinds += 1
         k.op_types.add(slot[4])
         rt = category == "format" and bool(src_f) and bool(dst_f) and logical is not None
         return (k, src_f, dst_f, shape, oshape, dtype, out_dtype, logical, rt)
@@ -734,8 +801,10 @@ class Analyzer:
                 category=k.category, op_types=sorted(k.op_types), src=k.src, dst=k.dst, count=k.count,
                 total_us=round(k.total, 3), mean_us=k.total / k.count, min_us=k.min, max_us=k.max,
                 share_pct=_pct(k.total, compute_us),
-                shapes=[[s, n] for s, n in Counter(k.shapes).most_common(8)], top=top))
-        r.conversions.sort(key=lambda k: (-k.total_us, k.category, k.src, k.dst))
+                shapes=[[s, n] for s, n in Counter(k.shapes).most_common(8)], top=top,
+                in_shape=k.in_shape, out_shape=k.out_shape))
+        r.conversions.sort(key=lambda k: (-k.total_us, k.category, k.src, k.dst, k.in_shape or "",
+                                          k.out_shape or ""))
         for (a, b, shape), (n, saved, between, examples) in self.round_trips.items():
             r.round_trips.append(RoundTrip([a, b], shape, n, round(saved, 3), _pct(saved, compute_us),
                                            [x for x, _ in between.most_common()], examples))
@@ -932,7 +1001,15 @@ def analyze_profile(path: str | os.PathLike, threshold: float | None = None,
                 cross.extend(cap.cross_check.paths)
     except OSError as e:
         raise ProfileError(f"cannot read ({e.strerror})", path=getattr(e, "filename", None) or str(path)) from e
-    report = an.report(threshold=threshold, include_transpose=include_transpose)
+    try:
+        report = an.report(threshold=threshold, include_transpose=include_transpose)
+    except ProfileError as e:
+        if e.path is not None:
+            raise
+        read = ", ".join(p.name for s in disc.used for p in s.paths[:3])
+        raise ProfileError(f"no device compute time found in {read} (every row was communication, skipped "
+                           "or zero)", path=str(path),
+                           hint="check the profile was captured with task-time on; see the warnings above") from e
     if cross:
         pct = _op_statistic_transdata_pct(cross)
         if pct is not None:

@@ -8,9 +8,17 @@ or a single CSV / JSON file.
 Each *capture* (one ``*_ascend_pt|ms`` folder, else one ``PROF_*`` folder, else one plain folder) is read
 from exactly one source, the richest available, in this order: ``kernel_details.csv`` → merged
 ``mindstudio_profiler_output/op_summary_*.csv`` (all slices) → per-device ``summary/op_summary_*.csv`` →
-SQLite export → timeline JSON → ``op_statistic`` (totals only). Other copies of the same data are listed
-as found-but-not-used, so two copies are never mixed. An ``op_statistic`` beside a per-task source is
-kept as a cross-check.
+SQLite export → timeline JSON → ``op_statistic`` (totals only). The other sources of a capture are listed
+as found-but-not-used, with the reason: "same data as X" when their rows were checked to be the same
+tasks, else "X is preferred". An ``op_statistic`` beside a per-task source is kept as a cross-check.
+
+Two captures can also hold the same data (a ``kernel_details.csv`` beside the ``op_summary`` it was made
+from, a capture copied into two folders): the sources chosen are fingerprinted (:func:`fingerprint`: the
+first tasks (name, start, duration), then the task count, the summed duration and the last tasks) and,
+when two match, only the richer one is used (more of the canonical columns, then the order above); the
+other is listed as "not used: same data as X". A capture read from ``op_statistic`` alone whose
+per-op-type counts and totals are those of another capture's task table is that table's summary: not
+used, kept as its cross-check. Captures whose rows differ (ranks, devices, runs) are all used.
 
 >>> import tempfile, pathlib
 >>> root = pathlib.Path(tempfile.mkdtemp()) / "PROF_000001_20230628101435646_FKFLNPEPPRRCFCBA"
@@ -25,10 +33,12 @@ from __future__ import annotations
 
 import os
 import re
+from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from npu_deploy.errors import ProfileError
+from npu_deploy.profiling import parse as P
 from npu_deploy.profiling.parse import is_sqlite, sniff_csv
 
 _PROF_DIR = re.compile(r"^PROF_\d+_\d+_[0-9a-zA-Z]+")
@@ -61,6 +71,10 @@ class Source:
     kind: str
     paths: list[Path]
     capture: Path
+    #: why a source is not used ("same data as X", "X is preferred", …); None for a used source
+    reason: str | None = None
+    #: the file of the used source this one duplicates, when checked
+    same_as: Path | None = None
 
     def describe(self) -> str:
         names = ", ".join(p.name for p in self.paths[:4]) + (" …" if len(self.paths) > 4 else "")
@@ -104,14 +118,18 @@ class Discovery:
             if c.cross_check is not None:
                 lines.append(f"{where}: cross-check {c.cross_check.describe()}")
             for s in c.unused:
-                lines.append(f"{where}: also found {s.describe()} (not used: same data)")
+                lines.append(f"{where}: also found {s.describe()} (not used: {s.reason or 'a richer source is used'})")
         return lines + self.notes
 
     def to_dict(self) -> dict:
         def src(s: Source | None):
             if s is None:
                 return None
-            return {"kind": s.kind, "files": [str(p) for p in s.paths]}
+            d = {"kind": s.kind, "files": [str(p) for p in s.paths]}
+            if s.reason is not None:
+                d["reason"] = s.reason
+                d["same_as"] = str(s.same_as) if s.same_as is not None else None
+            return d
         return {"path": str(self.path),
                 "captures": [{"root": str(c.root), "used": src(c.used), "cross_check": src(c.cross_check),
                               "not_used": [src(s) for s in c.unused]} for c in self.captures],
@@ -227,6 +245,7 @@ def discover(path: str | os.PathLike) -> Discovery:
         cap = captures[root]
         _choose(cap, disc)
         disc.captures.append(cap)
+    _drop_copies(disc)
     if not disc.used:
         raise ProfileError("profiler files found but none usable", path=str(top))
     return disc
@@ -253,7 +272,8 @@ def _choose(cap: Capture, disc: Discovery) -> None:
         dropped = [p for p in tl.paths if level(p) != best]
         tl.paths = [p for p in tl.paths if level(p) == best]
         if dropped:
-            cap.unused.append(Source("timeline", dropped, cap.root))
+            cap.unused.append(Source("timeline", dropped, cap.root,
+                                     reason="per-device timelines, merged in " + tl.paths[0].name))
     for kind in PRIORITY:
         src = cap.sources.get(kind)
         if src is None:
@@ -283,3 +303,277 @@ def _discover_file(f: Path) -> Discovery:
             "kernel_details" if f.name == "kernel_details.csv" else "csv")
     src = Source(kind, [f], f.parent)
     return Discovery(f, [Capture(f.parent, {kind: src}, used=src)])
+
+
+# ---------------------------------------------------------------------------------------------------
+# Copies of the same data (fingerprints)
+
+_FP_N = 8                          # tasks compared at the head and at the tail
+_FP_LABEL_MAX_BYTES = 64 << 20     # above this, an unused source is compared on its first tasks only
+_FP_COMM_CORES = frozenset({"COMMUNICATION", "HCCL", "HCCL_AI_CPU"})
+
+
+@dataclass
+class Fingerprint:
+    """What identifies the rows of a source, cheaply: its first tasks, and (after a full pass, only when
+    the first tasks match another source's) its task count, summed duration and last tasks. Tasks are
+    (kernel name, start µs, duration µs); communication is left out (the SQLite export lists it apart)."""
+
+    head: list
+    rich: tuple
+    rows: int | None = None
+    dur_sum: float | None = None
+    tail: list | None = None
+
+
+def _fp_rows(src: Source):
+    """Yield (name, start, duration) of the compute tasks of ``src``, and set ``_fp_rows.rich``."""
+    for path in src.paths:
+        stream = P.open_table(path, src.reader_kind)
+        i = stream.indices
+        i_name, i_type, i_core, i_dur, i_start = i[P.F_NAME], i[P.F_TYPE], i[P.F_CORE], i[P.F_DUR], i[P.F_START]
+        for row in stream:
+            try:
+                d = float(row[i_dur])
+            except (TypeError, ValueError):
+                continue
+            if not (0.0 <= d < 1e12):
+                continue
+            name = P.clean(row[i_name])
+            core = P.clean(row[i_core])
+            op = P.clean(row[i_type]) or ""
+            if core in _FP_COMM_CORES or (name or "").startswith("hcom_") or op.lower().startswith("hcom_"):
+                continue
+            try:
+                t = float(P.clean(row[i_start]) or "nan")
+            except ValueError:
+                t = float("nan")
+            yield name, t, d
+
+
+def _richness(src: Source) -> tuple:
+    """More of the canonical columns first, then the discovery order (kernel_details first)."""
+    try:
+        stream = P.open_table(src.paths[0], src.reader_kind)
+    except (ProfileError, OSError):
+        return (0, 0, 0, 0, -len(PRIORITY))
+    if isinstance(stream, P.DbOpStream):   # the canonical fields its query can fill
+        fields = 2 + sum(c in stream.cti_cols for c in (
+            "name", "opType", "taskType", "inputFormats", "outputFormats", "inputShapes", "outputShapes",
+            "inputDataTypes", "outputDataTypes")) + sum(c in stream.task_cols for c in ("deviceId", "streamId"))
+    else:
+        fields = len(getattr(stream, "cols", None) or ())
+    header = len(getattr(stream, "header", None) or ())
+    order = PRIORITY.index(src.kind) if src.kind in PRIORITY else len(PRIORITY)
+    return (int(stream.has_formats), int(stream.has_op_type), fields, header, -order)
+
+
+def fingerprint(src: Source, full: bool = False) -> Fingerprint | None:
+    """The fingerprint of a per-task source (None for op_statistic, an unreadable file or no tasks).
+    ``full`` reads every row (count, summed duration, last tasks); otherwise only the first tasks."""
+    if src.kind == "op_statistic":
+        return None
+    try:
+        it = _fp_rows(src)
+        head = []
+        for t in it:
+            head.append(t)
+            if len(head) == _FP_N:
+                break
+        if not head:
+            return None
+        fp = Fingerprint(head, _richness(src))
+        if full:
+            tail = deque(head, maxlen=_FP_N)
+            n = len(head)
+            total = sum(t[2] for t in head)
+            for t in it:
+                n += 1
+                total += t[2]
+                tail.append(t)
+            fp.rows, fp.dur_sum, fp.tail = n, total, list(tail)
+        it.close()
+        return fp
+    except (ProfileError, OSError, ValueError):
+        return None
+
+
+def _same_task(a: tuple, b: tuple) -> bool:
+    """Two tasks are the same when the names match and times agree to the precision of the exports
+    (CSV files write µs with 3 decimals or fewer, the SQLite export ns)."""
+    if a[0] != b[0]:
+        return False
+    if abs(a[2] - b[2]) > max(0.01, 1e-4 * max(a[2], b[2])):
+        return False
+    ta, tb = a[1], b[1]
+    if ta != ta or tb != tb:
+        return ta != ta and tb != tb
+    return abs(ta - tb) <= 1.0
+
+
+def _same_tasks(xs: list, ys: list) -> bool:
+    """The same tasks, over the shorter of the two lists (a source with fewer than _FP_N tasks)."""
+    return bool(xs) and bool(ys) and all(_same_task(a, b) for a, b in zip(xs, ys))
+
+
+def same_data(a: Fingerprint, b: Fingerprint) -> bool | None:
+    """True: same tasks; None: the same first tasks but not the same rows (an overlapping copy);
+    False: different data. Needs full fingerprints for True/None."""
+    if not _same_tasks(a.head, b.head):
+        return False
+    if a.rows is None or b.rows is None:
+        return True
+    if a.rows == b.rows and abs(a.dur_sum - b.dur_sum) <= 1e-6 * a.dur_sum + 6e-4 * a.rows \
+            and len(a.tail) == len(b.tail) and _same_tasks(a.tail, b.tail):
+        return True
+    return None
+
+
+def _size(src: Source) -> int:
+    total = 0
+    for p in src.paths:
+        try:
+            total += p.stat().st_size
+        except OSError:
+            pass
+    return total
+
+
+def _drop_copies(disc: Discovery) -> None:
+    """Use only one of two sources holding the same data; give every unused source its reason."""
+    heads: dict[int, Fingerprint | None] = {}
+    fulls: dict[int, Fingerprint | None] = {}
+
+    def fp(src: Source, full: bool) -> Fingerprint | None:
+        cache = fulls if full else heads
+        key = id(src)
+        if key not in cache:
+            if full:
+                cache[key] = fingerprint(src, full=True)
+            else:
+                cache[key] = fulls.get(key) or fingerprint(src)
+        return cache[key]
+
+    def rel(src: Source) -> str:
+        return src.paths[0].name + (f" (+{len(src.paths) - 1} more)" if len(src.paths) > 1 else "")
+
+    # 1. across captures: a source used twice (renamed copy, copied capture) counts once
+    caps = [c for c in disc.captures if c.used is not None]
+    if len(caps) > 1:
+        cand = [c for c in caps if fp(c.used, False) is not None]
+        cand.sort(key=lambda c: heads[id(c.used)].rich, reverse=True)
+        kept: list[Capture] = []
+        for c in cand:
+            for k in kept:
+                if not _same_tasks(heads[id(c.used)].head, heads[id(k.used)].head):
+                    continue
+                a, b = fp(k.used, True), fp(c.used, True)
+                verdict = same_data(a, b) if (a is not None and b is not None) else True
+                if verdict is False:
+                    continue
+                src = c.used
+                if verdict:
+                    src.reason = f"same data as {_rel(k.used.paths[0], disc.path)}"
+                else:
+                    src.reason = (f"overlaps {_rel(k.used.paths[0], disc.path)}: the same first tasks, "
+                                  f"{b.rows} vs {a.rows} tasks; not mixed, analyse it on its own")
+                src.same_as = k.used.paths[0]
+                c.unused.insert(0, src)
+                c.used = None
+                break
+            else:
+                kept.append(c)
+    # 1b. an op_statistic read alone (a loose op_statistic*.csv) beside the per-task table it summarises
+    caps = [c for c in disc.captures if c.used is not None]
+    stats = [c for c in caps if c.used.kind == "op_statistic"]
+    tasks = [c for c in caps if c.used.kind != "op_statistic"]
+    if stats and tasks:
+        task_totals: dict[int, dict | None] = {}
+        for c in stats:
+            st = _totals(c.used)
+            if not st:
+                continue
+            for k in tasks:
+                if id(k) not in task_totals:
+                    task_totals[id(k)] = _totals(k.used)
+                if _same_totals(st, task_totals[id(k)]):
+                    src = c.used
+                    src.reason = (f"same data as {_rel(k.used.paths[0], disc.path)} (per-op-type counts and "
+                                  "totals match)" + ("; used as its cross-check" if k.cross_check is None else ""))
+                    src.same_as = k.used.paths[0]
+                    if k.cross_check is None:
+                        k.cross_check = src
+                    c.unused.insert(0, src)
+                    c.used = None
+                    break
+    # 2. within a capture: say why each other source was left aside
+    for c in disc.captures:
+        ref = c.used
+        if ref is None:
+            ref = next((s for s in c.unused if s.same_as is not None), None)
+        for s in c.unused:
+            if s.reason is not None or ref is None or s is ref:
+                continue
+            name = rel(ref)
+            if s.kind in ("timeline", "op_statistic") or ref.kind in ("timeline", "op_statistic"):
+                s.reason = f"{name} is preferred"
+                continue
+            ha, hb = fp(ref, False), fp(s, False)
+            if ha is None or hb is None:
+                s.reason = f"{name} is preferred"
+            elif not _same_tasks(ha.head, hb.head):
+                s.reason = (f"holds other tasks than {name} (first: {hb.head[0][0]}); one source is read "
+                            "per capture folder, analyse this one on its own")
+            elif _size(ref) + _size(s) > _FP_LABEL_MAX_BYTES:
+                s.reason = f"same data as {name} (checked on the first {len(hb.head)} tasks)"
+                s.same_as = ref.paths[0]
+            else:
+                a, b = fp(ref, True), fp(s, True)
+                verdict = same_data(a, b) if (a is not None and b is not None) else True
+                if verdict:
+                    s.reason = f"same data as {name}"
+                else:
+                    s.reason = f"overlaps {name} (the same first tasks, not the same rows); not mixed"
+                s.same_as = ref.paths[0]
+
+
+def _totals(src: Source) -> dict | None:
+    """{op type: [count, total µs]} of a source's compute tasks (op_statistic rows summed over core
+    types), or None when it cannot be read. A full pass: only done to match a lone op_statistic."""
+    out: dict = {}
+    try:
+        for path in src.paths:
+            stream = P.open_table(path, src.reader_kind)
+            if stream.kind == "stats":
+                for op, core, count, total, _dev in stream:
+                    if core in _FP_COMM_CORES or op.lower().startswith("hcom_"):
+                        continue
+                    t = out.setdefault(op, [0, 0.0])
+                    t[0] += count
+                    t[1] += total
+                continue
+            i = stream.indices
+            for row in stream:
+                try:
+                    d = float(row[i[P.F_DUR]])
+                except (TypeError, ValueError):
+                    continue
+                name = P.clean(row[i[P.F_NAME]]) or ""
+                op = P.clean(row[i[P.F_TYPE]]) or P.op_type_from_name(name) or "(unknown)"
+                if P.clean(row[i[P.F_CORE]]) in _FP_COMM_CORES or name.startswith("hcom_") \
+                        or op.lower().startswith("hcom_"):
+                    continue
+                t = out.setdefault(op, [0, 0.0])
+                t[0] += 1
+                t[1] += d
+    except (ProfileError, OSError, ValueError):
+        return None
+    return out
+
+
+def _same_totals(a: dict | None, b: dict | None) -> bool:
+    """Per-op-type counts equal and totals equal to the rounding of op_statistic (2–3 decimals a row)."""
+    if not a or not b or set(a) != set(b):
+        return False
+    return all(a[k][0] == b[k][0] and abs(a[k][1] - b[k][1]) <= 1e-6 * abs(a[k][1]) + 0.01 * (a[k][0] + 1)
+               for k in a)

@@ -6,7 +6,8 @@ JSON schema ``npu-deploy/profile-report``, version 1 (``ProfileReport.to_json``)
 ``schema``             ``"npu-deploy/profile-report"``; ``schema_version``: 1
 ``ok`` / ``verdict``   ``ok`` is false when flagged; ``verdict`` the one-line summary
 ``path``, ``sources``  what was analysed; ``discovery``: captures with ``used`` / ``cross_check`` /
-                       ``not_used`` sources (kind and files)
+                       ``not_used`` sources (kind and files; a not-used one also has ``reason``, e.g.
+                       "same data as X", and ``same_as``: X's path or null)
 ``detail``             ``"per-task"`` or ``"totals only"`` (only op_statistic was available)
 ``threshold_pct``      the flag threshold in % of device compute; ``include_transpose``: bool
 ``estimated``          true when the profile came from the emulator's cost model
@@ -20,12 +21,15 @@ JSON schema ``npu-deploy/profile-report``, version 1 (``ProfileReport.to_json``)
                        share_pct, dtypes, wide_dtypes}]
 ``op_types``           [{op_type, category, count, total_us, share_pct, cores}] by time
 ``task_types``         [{task_type, count, total_us, share_pct}]
-``conversions``        [{category (format|layout|dtype), op_types, src, dst, count, total_us, mean_us,
-                       min_us, max_us, share_pct, shapes: [[shape, count]], top: [instance]}];
+``conversions``        [{label, category (format|layout|dtype), op_types, src, dst, count, total_us,
+                       mean_us, min_us, max_us, share_pct, shapes: [[shape, count]], top: [instance],
+                       in_shape, out_shape}]; ``label`` is ``SRC→DST`` for TransData and Cast, and for
+                       a permutation (layout) ``Transpose ND [1024,12,512]→[12,1024,512]`` (its
+                       ``in_shape``/``out_shape``), else ``Transpose (ND)``;
                        instance (one op name): {name, op_type, duration_us (mean), count, total_us,
                        max_us, src_format, dst_format, shape, out_shape, dtype, out_dtype, prev_op,
                        next_op, device, stream, file, line} (where: its first run)
-``round_trips``        [{formats: [A, B] (A→B→A), shape, count, saved_us, saved_pct, between,
+``round_trips``        [{label (A→B→A), formats: [A, B], shape, count, saved_us, saved_pct, between,
                        examples: [[first, second]]}]
 ``suggestions``        [{id, title, detail, evidence}]
 ``devices``            [{device, compute_us, formattrans_us, share_pct}] when several devices
@@ -72,10 +76,13 @@ def render_text(r: ProfileReport, *, top: int = 10, width: int = 100) -> str:
     """The terminal summary: verdict first, then shares, conversion kinds, top instances, round trips,
     suggestions."""
     lines = [r.verdict()]
-    tp_note = "included" if r.include_transpose else "not included"
-    lines.append(f"  TransData {r.transdata_pct:.1f} % ({fmt_us(r.transdata_us)}, {r.transdata_ops} ops) · "
-                 f"Transpose family {r.transpose_pct:.1f} % ({fmt_us(r.transpose_us)}, {tp_note}) · "
-                 f"Cast {r.cast_pct:.1f} % ({fmt_us(r.cast_us)}, dtype, not FormatTrans)")
+    tp_note = ("included in FormatTrans (--no-include-transpose leaves it out)" if r.include_transpose
+               else "not included (--include-transpose counts it)")
+    lines.append(f"  TransData {r.transdata_pct:.1f} % ({fmt_us(r.transdata_us)}, {r.transdata_ops} ops)")
+    lines.append(f"  Transpose family {r.transpose_pct:.1f} % ({fmt_us(r.transpose_us)}, {r.transpose_ops} ops): "
+                 f"{tp_note}")
+    lines.append(f"  Cast {r.cast_pct:.1f} % ({fmt_us(r.cast_us)}, {r.cast_ops} ops): dtype conversion, "
+                 "not FormatTrans")
     lines.append(f"  Device compute {fmt_us(r.compute_us)} in {r.compute_ops} tasks; communication "
                  f"{fmt_us(r.communication_us)} in {r.communication_ops} tasks (excluded); "
                  f"AI CPU {r.ai_cpu_pct:.1f} % ({len(r.ai_cpu_ops)} op types)")
@@ -83,7 +90,7 @@ def render_text(r: ProfileReport, *, top: int = 10, width: int = 100) -> str:
         tt = ", ".join(f"{t.task_type} {t.share_pct:.1f} %" for t in r.task_types[:6])
         lines.append(f"  By task type: {_clip(tt, width + 40)}")
     for s in r.sources:
-        lines.append(f"  {_clip(s, width + 40)}")
+        lines.append(f"  {_clip(s, 4 * width)}")
     if r.detail != "per-task":
         lines.append("  Only per-op-type totals were available: no conversion kinds, shapes or round trips.")
     for key, val in r.cross_checks.items():
@@ -98,10 +105,11 @@ def render_text(r: ProfileReport, *, top: int = 10, width: int = 100) -> str:
     if conv:
         lines.append("")
         lines.append("Conversion kinds")
-        lines.append(f"  {'kind':<28} {'op':<10} {'count':>6} {'total':>10} {'mean':>9} {'share':>7}  shapes")
+        kw = max([28] + [min(48, len(kind_label(k))) for k in conv[:top]])
+        lines.append(f"  {'kind':<{kw}} {'op':<10} {'count':>6} {'total':>10} {'mean':>9} {'share':>7}  shapes")
         for k in conv[:top]:
             shapes = ", ".join(f"[{s}]×{n}" for s, n in k.shapes[:2])
-            lines.append(f"  {_clip(kind_label(k), 28):<28} {_clip('/'.join(k.op_types), 10):<10} "
+            lines.append(f"  {_clip(kind_label(k), kw):<{kw}} {_clip('/'.join(k.op_types), 10):<10} "
                          f"{k.count:>6} {fmt_us(k.total_us):>10} {fmt_us(k.mean_us):>9} "
                          f"{k.share_pct:>6.1f}%  {_clip(shapes, 40)}")
         inst = sorted((i for k in conv for i in k.top), key=lambda i: (-i.total_us, i.name))[:top]
@@ -109,9 +117,8 @@ def render_text(r: ProfileReport, *, top: int = 10, width: int = 100) -> str:
         lines.append("Top conversion ops (total over their runs)")
         for i in inst:
             where = f"after {_clip(i.prev_op, 30) or '(start)'}, before {_clip(i.next_op, 30) or '(end)'}"
-            fmts = f"{i.src_format or '?'}→{i.dst_format or '?'}"
             lines.append(f"  {fmt_us(i.total_us):>9} {'×' + str(i.count):>6}  {_clip(i.name, 34):<34} "
-                         f"{_clip(fmts, 24):<24} [{_clip(i.logical_shape or '?', 24)}]  {where}")
+                         f"{_clip(i.conversion, 24):<24} {_clip(i.shape_label, 40)}  {where}")
     if casts:
         lines.append("")
         lines.append("Casts (dtype conversions, not FormatTrans)")
@@ -267,7 +274,7 @@ def render_html(r: ProfileReport, *, top: int = 15) -> str:
         w("</table>")
         inst = sorted((i for k in conv for i in k.top), key=lambda i: (-i.total_us, i.name))[:top]
         w("<h2>Top conversion ops</h2><table><tr><th class='num'>total</th><th class='num'>runs</th>"
-          "<th class='num'>mean</th><th>op name</th><th>formats</th><th>shape</th><th>after</th><th>before</th>"
+          "<th class='num'>mean</th><th>op name</th><th>conversion</th><th>shape</th><th>after</th><th>before</th>"
           "<th>where (first run)</th></tr>")
         for i in inst:
             where = f"{i.file or ''}:{i.line}" if i.line is not None else (i.file or "")
@@ -275,7 +282,7 @@ def render_html(r: ProfileReport, *, top: int = 15) -> str:
             stream = f"stream {i.stream}" if i.stream else ""
             w(f"<tr><td class='num'>{_e(fmt_us(i.total_us))}</td><td class='num'>{i.count}</td>"
               f"<td class='num'>{_e(fmt_us(i.duration_us))}</td><td><code>{_e(i.name)}</code></td>"
-              f"<td>{_e(i.src_format or '?')}→{_e(i.dst_format or '?')}</td><td><code>{_e(i.logical_shape)}</code></td>"
+              f"<td>{_e(i.conversion)}</td><td><code>{_e(i.shape_label)}</code></td>"
               f"<td><code>{_e(i.prev_op or '(start)')}</code></td><td><code>{_e(i.next_op or '(end)')}</code></td>"
               f"<td class='small muted'>{_e(dev + stream)}<br>{_e(where)}</td></tr>")
         w("</table>")

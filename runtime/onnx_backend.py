@@ -71,7 +71,9 @@ class NpuDeployRep(BackendRep):
     def _backend_for(self, feeds: dict[str, Any]) -> Any:
         if None in self._backends:
             return self._backends[None]
-        shapes = {k: tuple(np.shape(v)) for k, v in feeds.items()}
+        # a sequence/optional feed (a list) has no shape: left out, so conversion refuses the model
+        # for what it is (non-tensor inputs) rather than numpy failing on a ragged list here
+        shapes = {k: tuple(np.shape(v)) for k, v in feeds.items() if isinstance(v, (np.ndarray, np.generic))}
         key = tuple(sorted(shapes.items()))
         if key not in self._backends:
             self._backends[key] = self._owner._open(self._model, shapes)

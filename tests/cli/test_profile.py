@@ -41,6 +41,13 @@ def test_fail_on_flag_exits_1(run_cli, flagged, clean):
 def test_no_include_transpose(run_cli, flagged):
     code, out, _ = run_cli("profile", "analyze", flagged, "--no-include-transpose")
     assert code == 0 and out.splitlines()[0].startswith("FormatTrans (TransData only) 16.0 %")
+    # the Transpose family has its own line, saying whether it is counted and which option changes that
+    assert "  Transpose family 1.0 % (10.0 µs, 1 ops): not included (--include-transpose counts it)" in out
+    code, out, _ = run_cli("profile", "analyze", flagged)
+    lines = out.splitlines()
+    assert lines[1] == "  TransData 16.0 % (160.0 µs, 7 ops)"
+    assert lines[2].startswith("  Transpose family 1.0 % (10.0 µs, 1 ops): included in FormatTrans")
+    assert lines[3] == "  Cast 1.0 % (10.0 µs, 1 ops): dtype conversion, not FormatTrans"
 
 
 def test_json_and_html_outputs(run_cli, flagged, tmp_path):
@@ -51,6 +58,9 @@ def test_json_and_html_outputs(run_cli, flagged, tmp_path):
     assert d["schema"] == "npu-deploy/profile-report" and d["flagged"] is True
     assert d["transdata_pct"] == pytest.approx(16.0) and d["compute_us"] == pytest.approx(1000.0)
     assert {t["shape"] for t in d["round_trips"]} == {"128,384", "1,64,56,56"}
+    (layout,) = [k for k in d["conversions"] if k["category"] == "layout"]
+    assert layout["label"] == "Transpose ND [128,12,32]→[12,128,32]" and layout["in_shape"] == "128,12,32"
+    assert "Transpose ND [128,12,32]→[12,128,32]" in out and "ND→ND" not in out
     assert h.read_text().startswith("<!DOCTYPE html>")
 
 
@@ -62,6 +72,11 @@ def test_unusable_input_exits_2_with_one_line(run_cli, tmp_path):
     assert "no profiler output found" in err and "kernel_details.csv" in err
     code, _, err = run_cli("profile", "analyze", tmp_path / "missing")
     assert code == 2 and "no such file" in err
+    # a profile with a header and no task rows: says which file was read
+    write_csv(tmp_path / "hdr" / "op_summary_0_1.csv", [])
+    code, out, err = run_cli("profile", "analyze", tmp_path / "hdr")
+    assert code == 2 and out == "" and len(err.strip().splitlines()) == 1
+    assert "no device compute time found in op_summary_0_1.csv" in err and str(tmp_path / "hdr") in err
 
 
 def test_bad_output_path_leaves_nothing(run_cli, flagged, tmp_path):

@@ -43,9 +43,10 @@ def view_pairs(draw):
 
 
 @settings(max_examples=300, deadline=None)
-@given(view_pairs(), st.sampled_from([1, 64]), st.sampled_from([64, 1 << 20]), st.booleans())
-def test_copy_equals_plain_assignment(pair, small, task_bytes, threads):
+@given(view_pairs(), st.sampled_from([1, 64]), st.sampled_from([64, 1 << 20]), st.booleans(), st.booleans())
+def test_copy_equals_plain_assignment(pair, small, task_bytes, threads, kernel):
     dst, src = pair
+    old_kernel = _fastcopy.KERNEL_ENABLED
     expect = dst.copy()
     expect[...] = src
     old = (_fastcopy._SMALL, _fastcopy._TASK_BYTES, _fastcopy._PARALLEL_BYTES, _fastcopy._ORT_MIN_CALL,
@@ -56,8 +57,10 @@ def test_copy_equals_plain_assignment(pair, small, task_bytes, threads):
         _fastcopy._ORT_MIN_CALL, _fastcopy._SCRATCH_BYTES = 1, 256
         _fastcopy._PARALLEL_BYTES = 1 if threads else 1 << 40
         os.environ["NPU_DEPLOY_THREADS"] = "2"  # use the pool even on a busy machine
+        _fastcopy.KERNEL_ENABLED = kernel
         _fastcopy.copy(dst, src)
     finally:
+        _fastcopy.KERNEL_ENABLED = old_kernel
         (_fastcopy._SMALL, _fastcopy._TASK_BYTES, _fastcopy._PARALLEL_BYTES, _fastcopy._ORT_MIN_CALL,
          _fastcopy._SCRATCH_BYTES) = old
         if old_env is None:
@@ -99,6 +102,7 @@ def _random(shape, dtype, seed=0):
     return raw.view(dtype).reshape(shape)   # random bytes: NaN payloads, subnormals, -0 all included
 
 
+@pytest.mark.parametrize("kernel", [True, False])
 @pytest.mark.parametrize("use_ort", [True, False])
 @pytest.mark.parametrize("threads", ["1", "2"])
 @pytest.mark.parametrize("fmt,shape,dtype,c0", [
@@ -118,7 +122,8 @@ def _random(shape, dtype, seed=0):
     ("FRACTAL_Z", (48, 32, 1, 1), np.float32, None),
     ("FRACTAL_Z", (40, 70), np.float16, None),         # 2-D [K, N] weight
 ])
-def test_pack_unpack_paths_equal_plain(low_thresholds, fmt, shape, dtype, c0, use_ort, threads):
+def test_pack_unpack_paths_equal_plain(low_thresholds, fmt, shape, dtype, c0, use_ort, threads, kernel):
+    low_thresholds.setattr(_fastcopy, "KERNEL_ENABLED", kernel)
     low_thresholds.setattr(_fastcopy, "USE_ORT", use_ort)
     low_thresholds.setenv("NPU_DEPLOY_THREADS", threads)
     low_thresholds.setattr(_fastcopy, "_PARALLEL_BYTES", 1)
@@ -135,7 +140,9 @@ def test_pack_unpack_paths_equal_plain(low_thresholds, fmt, shape, dtype, c0, us
 
 
 def test_paths_taken(low_thresholds):
-    """The strategies the benchmark relies on are actually chosen for its layouts."""
+    """The strategies the benchmark relies on are actually chosen for its layouts (without the
+    compiled kernel, which comes first when available: see test_copykernel.py)."""
+    low_thresholds.setattr(_fastcopy, "KERNEL_ENABLED", False)
     seen = []
     for name in ("_ort_transpose", "_two_step"):
         orig = getattr(_fastcopy, name)

@@ -191,3 +191,112 @@ def test_input_without_shape(tmp_path):
         load_model(path, check=False)
     m = load_model(path, input_shapes={"x": (3, 5)}, check=False)
     assert m.inputs[0].shape == (3, 5) and m.shapes["y"] == (3, 5)
+
+
+# ------------------------------------------------------------------ what loading no longer refuses
+
+def _lower_and_run(path, feeds, **load_kw):
+    """load → support report (not enforced) → plan → bundle → emulator, as the lowering backend does."""
+    from npu_deploy.converters.bundle import read_bundle
+    from npu_deploy.converters.convert import write_plan_bundle
+    from npu_deploy.converters.planner import plan
+    from npu_deploy.converters.support import check_graph
+    from npu_deploy.runtime.emulator import EmulatorBackend
+
+    m = load_model(path, **load_kw)
+    opsets = {o.domain: o.version for o in m.model.opset_import}
+    support = check_graph(m.graph, opsets, "Ascend310P3", dtypes=m.dtypes, static_shapes=dict(m.shapes),
+                          precision_mode="must_keep_origin_dtype")
+    p = plan(m, soc="Ascend310P3", precision_mode="must_keep_origin_dtype", support=support)
+    out = path.with_suffix(".bundle")
+    write_plan_bundle(out, m, p, support=support)
+    with read_bundle(out) as b:
+        graph_opsets = {o.domain: o.version for o in b.graph.opset_import}
+        manifest = b.manifest
+    with EmulatorBackend(out) as be:
+        got = be.run(None, feeds)
+    return m, support, p, graph_opsets, manifest, got
+
+
+def _ml_model(tmp_path):
+    g = helper.make_graph([helper.make_node("Binarizer", ["x"], ["y"], name="bin", domain="ai.onnx.ml",
+                                            threshold=0.5)], "g", [_vi("x", [2, 3])], [_vi("y", [2, 3])])
+    path = tmp_path / "ml.onnx"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("ai.onnx.ml", 1)], ir_version=8), path)
+    return path
+
+
+def test_ai_onnx_ml_only_model_lowers_and_runs(tmp_path):
+    # loading does not judge domains (the support check does): load + plan + bundle + emulator work
+    x = np.array([[0.1, 0.6, 0.5], [2.0, -1.0, 0.51]], np.float32)
+    m, support, p, graph_opsets, manifest, got = _lower_and_run(_ml_model(tmp_path), {"x": x})
+    assert m.opset == 0 and m.opsets == {"ai.onnx.ml": 1}
+    assert support.node("bin").engine == "unsupported" and "ai.onnx.ml::1::Binarizer" in support.node("bin").detail
+    assert p.tensor_formats["y"] == "ND"
+    assert graph_opsets == {"ai.onnx.ml": 1}  # the bundle keeps every imported domain
+    assert manifest["source_model"]["opsets"] == {"ai.onnx.ml": 1}
+    np.testing.assert_array_equal(got[0], (x > 0.5).astype(np.float32))
+
+
+def test_sequence_and_optional_io_refused(tmp_path):
+    seq_out = helper.make_tensor_sequence_value_info("seq", TensorProto.FLOAT, [1, 4])
+    path = _save(tmp_path, [helper.make_node("SplitToSequence", ["x"], ["seq"], axis=0)],
+                 [_vi("x", [3, 4])], [seq_out], name="seq.onnx")
+    with pytest.raises(ModelError, match="graph output 'seq' is a sequence, not a tensor") as e:
+        load_model(path)
+    assert "\n" not in str(e.value)
+    opt_in = helper.make_value_info("o", helper.make_optional_type_proto(
+        helper.make_tensor_type_proto(TensorProto.FLOAT, [2])))
+    path = _save(tmp_path, [helper.make_node("OptionalGetElement", ["o"], ["y"])], [opt_in], [_vi("y", [2])],
+                 opset=18, name="opt.onnx")
+    with pytest.raises(ModelError, match="graph input 'o' is an optional, not a tensor"):
+        load_model(path)
+
+
+def test_standard_function_body_failure_is_excused(tmp_path):
+    # onnx 1.23's MeanVarianceNormalization body reads @axes into a Constant; with the default axes the
+    # reference is not substituted and strict inference fails inside the body, not in the model
+    mvn = helper.make_node("MeanVarianceNormalization", ["x"], ["y"], name="mvn")
+    path = _save(tmp_path, [mvn], [_vi("x", [2, 3, 4, 4])], [_vi("y", [2, 3, 4, 4])], opset=13)
+    with pytest.raises(Exception, match="Constant"):
+        onnx.checker.check_model(str(path), full_check=True)
+    x = np.random.default_rng(0).standard_normal((2, 3, 4, 4)).astype(np.float32)
+    m, _, p, _, _, got = _lower_and_run(path, {"x": x})
+    assert m.shapes["y"] == (2, 3, 4, 4)
+    assert len(m.warnings) == 1 and "MeanVarianceNormalization" in m.warnings[0]
+    assert m.warnings[0] in p.report.notes
+    mean = x.mean(axis=(0, 2, 3), keepdims=True)
+    std = np.sqrt(((x - mean) ** 2).mean(axis=(0, 2, 3), keepdims=True))
+    np.testing.assert_allclose(got[0], (x - mean) / (std + 1e-9), rtol=1e-4, atol=1e-5)
+
+
+def test_function_body_excuse_does_not_cover_the_models_own_errors(tmp_path):
+    # the same MVN, followed by a Conv whose declared output contradicts the op: still refused
+    w = numpy_helper.from_array(np.zeros((4, 3, 3, 3), np.float32), "w")
+    path = _save(tmp_path, [helper.make_node("MeanVarianceNormalization", ["x"], ["n"]),
+                            helper.make_node("Conv", ["n", "w"], ["y"])],
+                 [_vi("x", [1, 3, 8, 8])], [_vi("y", [1, 4, 9, 9])], [w], opset=13)
+    with pytest.raises(ModelError, match="invalid ONNX model"):
+        load_model(path)
+    # an MVN given a wrong input type: the node's own error (not its body's) is not excused either
+    path = _save(tmp_path, [helper.make_node("MeanVarianceNormalization", ["x"], ["y"])],
+                 [_vi("x", [1, 3, 8, 8], TensorProto.INT32)], [_vi("y", [1, 3, 8, 8], TensorProto.INT32)],
+                 opset=13, name="int.onnx")
+    with pytest.raises(ModelError, match="invalid ONNX model"):
+        load_model(path)
+
+
+def test_data_dependent_shapes_stay_dynamic(tmp_path):
+    # a Reshape whose target is an input's *value*: no run on stand-in values can give its shape
+    nodes = [helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Reshape", ["r", "s"], ["y"]),
+             helper.make_node("Neg", ["y"], ["z"])]
+    path = _save(tmp_path, nodes, [_vi("x", [2, 3]), _vi("s", [2], TensorProto.INT64)], [_vi("z", ["a", "b"])])
+    x = np.arange(6, dtype=np.float32).reshape(2, 3) - 2
+    m, _, p, _, manifest, got = _lower_and_run(path, {"x": x, "s": np.array([3, 2], np.int64)})
+    assert sorted(m.data_dependent) == ["y", "z"] and "y" not in m.shapes and m.dtypes["y"] == np.float32
+    assert m.shapes["r"] == (2, 3)
+    assert any("2 tensor(s) have data-dependent shapes" in n and "memory not planned" in n for n in p.report.notes)
+    assert p.tensor_formats["y"] == "ND" and p.tensor_formats["z"] == "ND"
+    assert set(p.memory.offsets) >= {"r"} and not {"y", "z"} & set(p.memory.offsets)
+    assert manifest["outputs"][0]["shape"] == [-1, -1]
+    np.testing.assert_array_equal(got[0], -np.maximum(x, 0).reshape(3, 2))

@@ -182,3 +182,36 @@ def test_real_models_fully_supported(real_model, name, shapes):
         # the Shape/Gather/Concat chains on int64 are folded at compile time for fixed shapes
         assert sum(n.folded for n in r.nodes) > 100
         assert r.node(next(n.name for n in m.graph.node if n.op_type == "MatMul")).engine == S.AI_CORE
+
+
+def test_ai_onnx_ml_only_model_refused_by_the_support_check(tmp_path):
+    # loading accepts it (the lowering can run it); ATC parses ai.onnx models only: the support check
+    # and therefore convert() refuse it, in one line
+    import onnx
+
+    from npu_deploy import convert
+
+    g = _graph([helper.make_node("Binarizer", ["x"], ["y"], name="bin", domain="ai.onnx.ml")],
+               [_vi("x", [2, 3])], [_vi("y", [2, 3])])
+    path = tmp_path / "ml.onnx"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("ai.onnx.ml", 1)], ir_version=8), path)
+    loaded = load_model(path)
+    with pytest.raises(ModelError, match=r"ml.onnx: the model imports no ai.onnx opset \(domains: ai.onnx.ml 1\)"):
+        S.check_support(loaded, "Ascend310P3")
+    with pytest.raises(ModelError, match="imports no ai.onnx opset") as e:
+        convert(str(path), output=str(tmp_path / "ml.bundle"), backend="builtin")
+    assert "\n" not in str(e.value) and not (tmp_path / "ml.bundle").exists()
+
+
+def test_sequence_output_refused_by_convert(tmp_path):
+    import onnx
+
+    from npu_deploy import convert
+
+    seq = helper.make_tensor_sequence_value_info("seq", TensorProto.FLOAT, [1, 4])
+    g = _graph([helper.make_node("SplitToSequence", ["x"], ["seq"], axis=0)], [_vi("x", [3, 4])], [seq])
+    path = tmp_path / "seq.onnx"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), path)
+    with pytest.raises(ModelError, match="graph output 'seq' is a sequence, not a tensor") as e:
+        convert(str(path), output=str(tmp_path / "seq.bundle"), backend="builtin")
+    assert "\n" not in str(e.value) and not (tmp_path / "seq.bundle").exists()

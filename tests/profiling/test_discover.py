@@ -73,6 +73,8 @@ def test_torch_npu_folder_prefers_kernel_details(tmp_path):
     cap = d.captures[0]
     assert cap.used.kind == "kernel_details" and cap.cross_check.kind == "op_statistic"
     assert {s.kind for s in cap.unused} == {"op_summary", "timeline"}
+    reasons = {s.kind: s.reason for s in cap.unused}
+    assert reasons == {"op_summary": "same data as kernel_details.csv", "timeline": "kernel_details.csv is preferred"}
     r = analyze_profile(tmp_path)
     assert r.compute_us == pytest.approx(100.0)
     assert r.cross_checks["op_statistic_transdata_pct"] == pytest.approx(20.0)
@@ -124,3 +126,76 @@ def test_timeline_only_capture_keeps_the_merged_level(tmp_path):
     (root / "device_0" / "timeline" / "msprof_0_1.json").write_text(json.dumps(ev))
     r = analyze_profile(root)
     assert r.compute_us == pytest.approx(100.0) and r.transdata_pct == pytest.approx(20.0)
+
+
+def test_renamed_column_copy_is_used_once(tmp_path):
+    # kernel_details is op_summary with renamed columns (msprof.md §0.1); a loose copy beside it is the
+    # same data: one is read, the other named. Both have formats and shapes; the op_summary also has a
+    # Device_id column, so it is the richer one (with a tie, kernel_details would win: see msinsight)
+    write_csv(tmp_path / "op_summary_0_1_20240603052618.csv", ROWS)
+    write_csv(tmp_path / "kernel_details_copy.csv", ROWS, style="kernel_details")
+    d = discover(tmp_path)
+    assert [p.name for s in d.used for p in s.paths] == ["op_summary_0_1_20240603052618.csv"]
+    (dup,) = [s for c in d.captures for s in c.unused]
+    assert dup.paths[0].name == "kernel_details_copy.csv"
+    assert dup.reason == "same data as op_summary_0_1_20240603052618.csv"
+    assert any("kernel_details_copy.csv (not used: same data as op_summary_0_1_20240603052618.csv)" in line
+               for line in d.describe())
+    r = analyze_profile(tmp_path)
+    assert r.compute_us == pytest.approx(100.0) and r.transdata_pct == pytest.approx(20.0)   # not 200 µs
+    (cap,) = [c for c in r.discovery["captures"] if c["not_used"]]
+    assert cap["used"] is None and cap["not_used"][0]["same_as"].endswith("op_summary_0_1_20240603052618.csv")
+
+
+def test_richer_copy_wins(tmp_path):
+    # the copy without format/shape columns is the poorer one, whatever its kind
+    write_csv(tmp_path / "PROF_000001_20230628101435646_FKFLNPEPPRRCFCBA" / "mindstudio_profiler_output"
+              / "op_summary_20240603052618.csv", ROWS)
+    text = csv_text(ROWS, style="kernel_details").splitlines()
+    keep = [i for i, h in enumerate(text[0].split(",")) if "Formats" not in h and "Shapes" not in h]
+    import csv as _csv
+    rows = list(_csv.reader(text))
+    with open(tmp_path / "kernel_details_slim.csv", "w", newline="") as f:
+        _csv.writer(f).writerows([[r[i] for i in keep] for r in rows])
+    d = discover(tmp_path)
+    assert [s.kind for s in d.used] == ["op_summary"]
+    assert analyze_profile(tmp_path).compute_us == pytest.approx(100.0)
+
+
+def test_overlapping_copy_is_not_mixed(tmp_path):
+    # a copy holding the same first tasks and one more: not the same data, and not mixed either
+    write_csv(tmp_path / "op_summary_0_1_20240603052618.csv", ROWS)
+    write_csv(tmp_path / "kernel_details_more.csv", ROWS + [op("Add_9", "Add", "AI_VECTOR_CORE", "5.000")],
+              style="kernel_details")
+    d = discover(tmp_path)
+    assert len(d.used) == 1
+    (dup,) = [s for c in d.captures for s in c.unused]
+    assert dup.reason.startswith("overlaps") and "not mixed" in dup.reason
+
+
+def test_different_captures_in_one_folder_are_both_used(tmp_path):
+    other = [op("MatMul_0", "MatMulV2", "AI_CORE", "70.000"),
+             td("trans_TransData_0", "NCHW", "NC1HWC0", "1,3,8,8", "1,1,8,8,16", "30.000")]
+    write_csv(tmp_path / "a" / "op_summary_0_1_20240603052618.csv", ROWS)
+    write_csv(tmp_path / "b" / "op_summary_0_1_20240603052618.csv", other)
+    d = discover(tmp_path)
+    assert len(d.used) == 2 and not any(c.unused for c in d.captures)
+    r = analyze_profile(tmp_path)
+    assert r.compute_us == pytest.approx(200.0) and r.transdata_us == pytest.approx(50.0)
+
+
+def test_op_statistic_of_other_data_is_still_read(tmp_path):
+    # a loose op_statistic whose totals are not those of the per-task table beside it: a different
+    # capture, so both are read (as before); the match needs equal counts and totals per op type
+    (tmp_path / "op_statistic_20250101120000.csv").write_text(
+        "OP Type,Core Type,Count,Total Time(us),Min Time(us),Avg Time(us),Max Time(us),Ratio(%)\n"
+        "MatMulV2,AI_CORE,1,80,80,80,80,79\nTransData,AI_VECTOR_CORE,1,21,21,21,21,21\n")
+    write_csv(tmp_path / "kernel_details_a.csv", ROWS, style="kernel_details")
+    d = discover(tmp_path)
+    assert sorted(s.kind for s in d.used) == ["kernel_details", "op_statistic"]
+    (tmp_path / "op_statistic_20250101120000.csv").write_text(
+        "OP Type,Core Type,Count,Total Time(us),Min Time(us),Avg Time(us),Max Time(us),Ratio(%)\n"
+        "MatMulV2,AI_CORE,1,80,80,80,80,80\nTransData,AI_VECTOR_CORE,1,20,20,20,20,20\n")
+    d = discover(tmp_path)
+    assert [s.kind for s in d.used] == ["kernel_details"]
+    assert analyze_profile(tmp_path).compute_us == pytest.approx(100.0)

@@ -15,6 +15,7 @@ import pytest
 from npu_deploy.profiling.analyze import analyze_profile
 from npu_deploy.profiling.discover import discover
 from npu_deploy.profiling.parse import open_table
+from npu_deploy.profiling.report import render_text
 from tests.conftest import PROFILES
 
 LLM = PROFILES / "torch_npu_level2_llm_910B"
@@ -79,6 +80,19 @@ def test_pmu_capture_cast_11_7_percent_and_format_prefix():
     # FORMAT_ND in the file is ND in the report
     transposes = [k for k in r.conversions if k.category == "layout"]
     assert transposes and all(k.src == "ND" and k.dst == "ND" for k in transposes)
+    # permutations are labelled by op, format and shapes, never as a no-op "ND→ND" conversion;
+    # independent: group the Transpose rows by (first input shape, output shape) with the csv module
+    groups = defaultdict(lambda: [0, 0.0])
+    for row in csv.DictReader(open(path, newline="")):
+        if row["Type"] == "Transpose":
+            key = (row["Input Shapes"].strip('"').split(";")[0], row["Output Shapes"].strip('"'))
+            groups[key][0] += 1
+            groups[key][1] += float(row["Duration(us)"])
+    assert {k.label: (k.count, round(k.total_us, 3)) for k in transposes} == {
+        f"Transpose ND [{a}]→[{b}]": (n, round(us, 3)) for (a, b), (n, us) in groups.items()}
+    assert "Transpose ND [1024,12,512]→[12,512,1024]" in {k.label for k in transposes}
+    text = render_text(r)
+    assert "ND→ND" not in text and "Transpose ND [4,1024,12288]→[1024,4,12288]" in text
     # the HCCL broadcasts are not compute
     assert r.communication_ops == sum(1 for row in csv.DictReader(open(path, newline=""))
                                       if row["Accelerator Core"] == "HCCL")
@@ -125,7 +139,8 @@ def test_msprof_sqlite_export_through_the_joins():
 
     db = MSINSIGHT / "msprof_0.db"
     r = analyze_profile(db)
-    con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+    # immutable: a read-only open of this WAL-mode file would still create -shm/-wal beside it
+    con = sqlite3.connect(f"file:{db}?mode=ro&immutable=1", uri=True)
     expected = con.execute("SELECT SUM(t.endNs - t.startNs) FROM COMPUTE_TASK_INFO c "
                            "JOIN TASK t ON t.globalTaskId = c.globalTaskId").fetchone()[0] / 1000.0
     casts = con.execute("SELECT SUM(t.endNs - t.startNs) FROM COMPUTE_TASK_INFO c JOIN TASK t "
@@ -137,17 +152,80 @@ def test_msprof_sqlite_export_through_the_joins():
     assert r.compute_ops == 11
 
 
+def _rank_copy(dst, factor):
+    """The LLM capture as another rank would write it: the same kernels, every duration × ``factor`` and
+    every start time shifted (written with the csv module, so only those two columns change)."""
+    shutil.copytree(LLM, dst)
+    kd = dst / "ASCEND_PROFILER_OUTPUT" / "kernel_details.csv"
+    with open(LLM / "ASCEND_PROFILER_OUTPUT" / "kernel_details.csv", newline="", encoding="utf-8") as f:
+        rows = list(csv.reader(f))
+    h = rows[0]
+    i_dur, i_start = h.index("Duration(us)"), h.index("Start Time(us)")
+    for r in rows[1:]:
+        if len(r) == len(h):
+            r[i_dur] = repr(float(r[i_dur]) * factor)
+            r[i_start] = repr(float(r[i_start].strip()) + 1e6)
+    with open(kd, "w", newline="", encoding="utf-8") as f:
+        csv.writer(f).writerows(rows)
+
+
 def test_parent_folder_of_captures(tmp_path):
-    # two ranks of the same run: both used, neither copy mixed with its own op_statistic
-    for rank in (0, 1):
-        dst = tmp_path / f"host_{rank}_20251128120000000_ascend_pt"
-        shutil.copytree(LLM, dst)
+    # two ranks of one run, with different data: both used, neither mixed with its own op_statistic
+    shutil.copytree(LLM, tmp_path / "host_0_20251128120000000_ascend_pt")
+    _rank_copy(tmp_path / "host_1_20251128120000000_ascend_pt", 2.0)
     d = discover(tmp_path)
     assert len(d.used) == 2 and all(s.kind == "kernel_details" for s in d.used)
     r = analyze_profile(tmp_path)
     single = analyze_profile(LLM)
-    assert r.compute_us == pytest.approx(2 * single.compute_us)
+    assert r.compute_us == pytest.approx(3 * single.compute_us)
     assert r.cast_pct == pytest.approx(single.cast_pct)
     # one line per rank: the two captures are not merged into one "device 0"
-    assert sorted(d.device for d in r.devices) == ["host_0_20251128120000000_ascend_pt: 0",
-                                                   "host_1_20251128120000000_ascend_pt: 0"]
+    assert sorted((d.device, round(d.compute_us / single.compute_us, 6)) for d in r.devices) == [
+        ("host_0_20251128120000000_ascend_pt: 0", 1.0), ("host_1_20251128120000000_ascend_pt: 0", 2.0)]
+
+
+def test_copied_capture_counts_once(tmp_path):
+    # the same capture copied into two folders is one capture's data, not two ranks
+    for rank in (0, 1):
+        shutil.copytree(LLM, tmp_path / f"host_{rank}_20251128120000000_ascend_pt")
+    d = discover(tmp_path)
+    (used,) = d.used
+    (dup,) = [s for c in d.captures for s in c.unused if s.kind == "kernel_details"]
+    assert dup.reason == f"same data as {used.paths[0].relative_to(tmp_path)}"
+    r = analyze_profile(tmp_path)
+    assert r.compute_us == pytest.approx(analyze_profile(LLM).compute_us)
+
+
+def test_msinsight_folder_does_not_mix_kernel_details_and_its_op_summary():
+    # kernel_details_2023_fa.csv is op_summary_1.csv with renamed columns (msprof.md §0.1): one copy is
+    # read. Independent figure: the compute time of one file, summed with the csv module.
+    _per, total = oracle(MSINSIGHT / "kernel_details_2023_fa.csv")
+    assert round(total / 1000, 2) == 27.13
+    for path in (MSINSIGHT, PROFILES):
+        r = analyze_profile(path)
+        d = discover(path)
+        used = [p.name for s in d.used for p in s.paths]
+        assert "kernel_details_2023_fa.csv" in used and "op_summary_1.csv" not in used
+        line = next(s for s in r.sources if "op_summary_1.csv" in s)
+        assert "not used: same data as" in line and "kernel_details_2023_fa.csv" in line
+        # the SQLite export holds other tasks (another run): listed with that reason, never "same data"
+        db = next(s for s in r.sources if "msprof_0.db" in s)
+        assert "not used: holds other tasks" in db and "same data" not in db
+        (rec,) = [s for c in r.discovery["captures"] for s in c["not_used"] if s["kind"] == "op_summary"]
+        assert rec["reason"].startswith("same data as") and rec["same_as"].endswith("kernel_details_2023_fa.csv")
+        if path == MSINSIGHT:
+            assert r.compute_us == pytest.approx(total, abs=1e-3)
+            assert f"Device compute {total / 1000:.2f} ms" in "\n".join(r.sources + [render_text(r)])
+
+
+def test_loose_op_statistic_beside_its_kernel_details_is_not_mixed(tmp_path):
+    # op_statistic.csv and a renamed kernel_details of the same step, loose in one folder: the totals are
+    # the same data (per op type, summed over core types); read once, op_statistic kept as cross-check
+    shutil.copy(LLM / "ASCEND_PROFILER_OUTPUT" / "op_statistic.csv", tmp_path / "op_statistic.csv")
+    shutil.copy(LLM / "ASCEND_PROFILER_OUTPUT" / "kernel_details.csv", tmp_path / "kernel_details_llm.csv")
+    r = analyze_profile(tmp_path)
+    _per, total = oracle(LLM / "ASCEND_PROFILER_OUTPUT" / "kernel_details.csv")
+    assert r.compute_us == pytest.approx(total, abs=1e-3) and r.detail == "per-task"
+    line = next(s for s in r.sources if "op_statistic.csv (not used" in s)
+    assert "same data as kernel_details_llm.csv" in line
+    assert r.cross_checks["op_statistic_transdata_pct"] == 0.0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import html
 import html.parser
 
 import pytest
@@ -81,3 +82,45 @@ def test_html_not_left_half_written(report, tmp_path, monkeypatch):
 
 def test_fmt_us():
     assert fmt_us(12.345) == "12.3 µs" and fmt_us(1234.5) == "1.23 ms" and fmt_us(2.5e6) == "2.50 s"
+
+
+def test_permutations_are_labelled_by_shape_not_as_nd_to_nd(report, tmp_path):
+    # flagged_rows: Transpose_8 permutes [128,12,32] (ND) to [12,128,32]; TransData keeps SRC→DST
+    label = "Transpose ND [128,12,32]→[12,128,32]"
+    (k,) = [k for k in report.conversions if k.category == "layout"]
+    assert k.label == label and (k.in_shape, k.out_shape) == ("128,12,32", "12,128,32")
+    text = render_text(report)
+    kinds = text[text.index("Conversion kinds"):text.index("Top conversion ops")]
+    assert label in kinds and "ND→ND" not in text and "NCHW→NC1HWC0" in kinds
+    top = text[text.index("Top conversion ops"):]
+    assert "Transpose ND" in top and "[128,12,32]→[12,128,32]" in top
+    out = tmp_path / "r.html"
+    write_html(report, out)
+    doc = out.read_text(encoding="utf-8")
+    assert label in html.unescape(doc) and "ND→ND" not in doc
+    d = report.to_dict()
+    labels = {c["label"] for c in d["conversions"]}
+    assert label in labels and "NCHW→NC1HWC0" in labels and "FLOAT→FLOAT16" in labels
+    assert {t["label"] for t in d["round_trips"]} == {"FRACTAL_NZ→ND→FRACTAL_NZ", "NC1HWC0→NCHW→NC1HWC0"}
+
+
+def test_permutation_labels_without_shapes_or_formats(tmp_path):
+    rows = [op("MatMul_0", "MatMulV2", "AI_CORE", "70.000"),
+            op("Transpose_1", "TransposeD", "AI_VECTOR_CORE", "10.000", in_fmt="NCHW", out_fmt="NCHW"),
+            op("Transpose_2", "Transpose", "AI_VECTOR_CORE", "20.000")]
+    r = analyze_profile(write_csv(tmp_path / "op_summary_0_1.csv", rows))
+    assert sorted(k.label for k in r.conversions) == ["Transpose (formats not recorded)", "TransposeD (NCHW)"]
+    assert r.transpose_pct == pytest.approx(30.0)
+
+
+def test_many_distinct_permutations_fold_into_one_kind_per_format(tmp_path):
+    from npu_deploy.profiling.analyze import _MAX_LAYOUT_KINDS
+
+    n = _MAX_LAYOUT_KINDS + 6
+    rows = [op(f"Transpose_{i}", "Transpose", "AI_VECTOR_CORE", "1.000", in_shape=f"{i + 1},8", in_fmt="ND",
+               out_shape=f"8,{i + 1}", out_fmt="ND") for i in range(n)]
+    r = analyze_profile(write_csv(tmp_path / "op_summary_0_1.csv", rows))
+    kinds = [k for k in r.conversions if k.category == "layout"]
+    assert len(kinds) == _MAX_LAYOUT_KINDS + 1 and sum(k.count for k in kinds) == n
+    (rest,) = [k for k in kinds if k.in_shape is None]
+    assert rest.label == "Transpose (ND)" and rest.count == 6
