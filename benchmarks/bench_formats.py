@@ -379,67 +379,73 @@ def main(argv: list[str] | None = None) -> int:
 NOTES = """
 *fast* uses the default thread count (`min(cores, 8)` for copies of at least 4 MiB, decided by size
 only, never by the momentary load); *1-thread* is the same with `NPU_DEPLOY_THREADS=1`. The load
-average is printed above: other jobs shared this 2-core VM, so the wall-clock figures of *fast* vary
-from run to run by ±15 points (with an idle second core, measured in the same session: NC1HWC0 pack
-77 %, unpack 69 %, FRACTAL_NZ pack 76 %, unpack 66 %; with a busy one, as in the table, two threads
-are no faster than one and up to ~15 points slower, since the helper thread waits for a CPU). The
-single-thread column is the more reproducible one.
+average is printed above: other jobs shared this 2-core VM, so the wall-clock figures vary from run
+to run by ±10–15 points, and with a busy second core two threads are no faster than one (the helper
+thread waits for a CPU). The single-thread and CPU-time columns are the more reproducible ones;
+compare *fast 1-thread* (compiled kernel) with *no kernel 1-thread* (the previous paths).
 
 ### How the fast path works
 
 `formats.pack`/`unpack` interpret the registry entry as a few rectangular pieces (full C0 blocks,
 then the tail) and copy each piece between two strided views, straight into the one output array
 (padding is zeroed in place, or the output is cleared in one contiguous fill when it is mostly
-padding). `converters/_fastcopy.py` speeds up each piece copy, picking by layout:
+padding). `converters/_fastcopy.py` speeds up each piece copy. After merging axes and widening
+C0 rows that are contiguous on both sides into one wide element, it tries in order:
 
-* **wide units** -- when the C0 row is contiguous on both sides (FRACTAL_NZ, FRACTAL_Z of a [K, N]
-  weight) it is moved as *one* element: `clongdouble` for 32 bytes (a raw 32-byte copy in numpy on
-  x86-64/aarch64 Linux), `complex128` for 16, `uint64`... below; 64-byte fp32 rows go as two lanes.
-  FRACTAL_NZ pack is then a `[M, N1] -> [N1, M]` transpose of 32-byte units, tiled along M;
-* **staged transpose** (FRACTAL_NZ unpack): the source is a page or more apart along the
-  destination's inner axis, so a 512 KiB tile is first read with long contiguous runs into a
-  per-thread scratch, then transposed in cache;
-* **onnxruntime Transpose** (NC1HWC0 pack/unpack, NDC1HWC0): per (n, c1) a `C0 x HW <-> HW x C0`
-  transpose of contiguous blocks, i.e. a batched 2-D transpose, which onnxruntime (already a
-  dependency) does with its SIMD kernel. A single-threaded session per shape is cached (~0.5 ms to
-  build, ~5 ms for the first one in a process) and bound to the caller's buffers with `io_binding`,
-  as unsigned integers: an exact copy, no allocation. Our thread pool splits the batch;
-* **two-step** (FRACTAL_Z from NCHW): per 2 MiB tile of N, onnxruntime transposes the `C0 x HW`
-  blocks into a scratch, then numpy moves the 32-byte C0 rows (and the reverse for unpack);
-* otherwise plain numpy with the inner loop put along the axis with small strides on both sides,
-  ~1 MiB tasks, threads.
+* **the compiled kernel** (`converters/_copykernel.c`, ~180 lines of C99, SSE2 only, which every
+  x86-64 has; plain C elsewhere). Built at first use with the system compiler (`cc`/`gcc` on `PATH`,
+  `-O3 -shared -fPIC`, no `-march`), into `$NPU_DEPLOY_CACHE/kernels/` or
+  `~/.cache/npu-deploy/kernels/` under a name hashing the source, the compiler version, the flags
+  and the platform; written to a temporary file and renamed, loaded with `ctypes` (which releases
+  the GIL, so our thread pool splits the outermost axis). First use costs 0.4–0.7 s of compilation,
+  later processes 3–9 ms to load it. It copies the destination's inner axis against the source's
+  inner axis in cache tiles (≤ 1 KiB × 4 KiB, ≤ 256 KiB), 2-byte elements with SSE2 8×8
+  transposes, the other axes looped over in C; a run contiguous on both sides is one `memcpy`.
+  The Python wrapper checks that every byte each call can touch (from shape × strides) lies inside
+  both arrays before calling it. Any failure (no compiler, compile error, load error, read-only or
+  foreign-owned cache) is remembered once and the paths below are used; `_fastcopy.kernel_info()`
+  says why. `NPU_DEPLOY_KERNEL=0` turns it off. It serves all six cases above;
+* without it: **wide units** moved by numpy (FRACTAL_NZ pack: a `[M, N1] -> [N1, M]` transpose of
+  32-byte units), the **staged transpose** (FRACTAL_NZ unpack: 512 KiB tiles read with long runs
+  into a per-thread scratch, transposed in cache), **onnxruntime Transpose** (NC1HWC0: per (n, c1)
+  a `C0 x HW <-> HW x C0` transpose through a cached single-threaded session bound to the caller's
+  buffers), the **two-step** (FRACTAL_Z: onnxruntime transposes `C0 x HW` blocks into a 2 MiB
+  scratch, numpy moves the 32-byte C0 rows), otherwise numpy with the inner loop along the axis
+  with small strides on both sides, ~1 MiB tasks, threads.
 
 Allocation: nothing of the output's size (peak 1.00× = the output itself when `out=` is not given;
-0.00× with `out=`). The scratch tiles (≤ 2 MiB per thread for the two-step, 512 KiB for the staged
-transpose) are allocated on first use and kept per thread, so they appear in the peak only on a
-thread's first call (the NZ unpack row). tracemalloc does not see onnxruntime's own memory; checked
-separately with `ru_maxrss`: a warm pack + unpack with `out=` grows the RSS by 0.1 MiB (the first
-use loads onnxruntime, ~20 MiB of libraries, once).
+0.00× with `out=`). The kernel allocates nothing (its tiles live in registers and L1/L2); the
+fallback paths' scratch tiles (≤ 2 MiB per thread) are allocated on first use and kept per thread.
 
 ### What reaches 50 %, what does not, and why
 
-In the run above (second core mostly busy, load ≈ 2): **≥ 50 % of copy bandwidth is reached by
-NC1HWC0 unpack (57 % wall, 70 % on one thread) and FRACTAL_NZ pack (49 % wall, 57 % on one thread);
-NC1HWC0 pack (42–47 %) and FRACTAL_NZ unpack (47 %) are just below; FRACTAL_Z is not (22–32 %).**
-With the second core idle (same code, same session, load 0.7) the two-thread figures were NC1HWC0
-pack 77 %, unpack 69 %, FRACTAL_NZ pack 76 %, unpack 66 %, FRACTAL_Z 22–29 %. Before this work the
-same table read 10–27 % (CPU time 20–29 %). Why the rest stops where it does: NC1HWC0 pack is
-onnxruntime's transpose kernel at 45–50 % per core; FRACTAL_NZ moves one 32-byte element per C0 row
-and numpy's generic copy loop costs ~4–5 ns per element, which caps one core at ~55 % (pack) and
-~45 % (unpack, whose source rows are 128 KiB apart, hence the staging). FRACTAL_Z from NCHW needs
-both an element-granular transpose (C0 with the 9-element H·W) and a block transpose (N moves
-inside): two passes, each at 45–55 % per core, give 25–30 %; the 16×9 blocks are too small for
-onnxruntime's kernel to shine, and one 4-D Transpose in onnxruntime is 2–3 %. Reaching 50 % there on
-one core would need a fused compiled kernel, which the package does not ship. With
-`NPU_DEPLOY_FASTCOPY_ORT=0` (numpy only) NC1HWC0 falls back to 21–23 % (pack) and FRACTAL_Z to
-13–20 % on one thread; FRACTAL_NZ is unchanged (it is numpy either way).
+In the run above (load ≈ 3, second core busy), on one thread: **NC1HWC0 pack 75 % and unpack 90 %
+of copy bandwidth (49 % and 75 % without the kernel), FRACTAL_NZ pack 51 % and unpack 50 % (54 % and
+48 % without: a tie within the noise; the kernel is used for both), FRACTAL_Z pack 31 % and unpack
+39 % (19 % and 21 % without, 15–20 % derived): FRACTAL_Z does not reach 50 %.** Across the runs of
+this session (load 2–4) the single-thread kernel figures ranged NC1HWC0 51–96 % / 68–100 %,
+FRACTAL_NZ 35–62 % / 37–67 %, FRACTAL_Z 24–41 % / 21–56 %. In every interleaved comparison the
+kernel was ahead of the previous paths for NC1HWC0 (+10–30 points) and FRACTAL_Z (+5–20 points)
+and level with them for FRACTAL_NZ (±5 points either way).
 
-Tried and rejected (same session): onnxruntime for FRACTAL_NZ (13–15 % for any unit size), for
-FRACTAL_Z in one 4-D Transpose (2–3 %); onnxruntime's own intra-op threads (every cached session would
-keep its own idle threads; our pool splits the batch instead); staging FRACTAL_Z's block moves (no
-gain); `np.take` gathers of 32-byte blocks (the previous path, ~27 %); `complex128` two-lane copies
-of NZ rows (20–37 %, slower than `clongdouble`); NZ tiles along N1 instead of M (11–19 %); numpy for the element transposes (NC1HWC0: 10–16 %); smaller onnxruntime
-calls for cache blocking (no gain); a load-dependent thread switch (irreproducible figures).
+Why FRACTAL_Z stops at ~40 %: it is an element-granular transpose of tiny `C0 x H·W = 16 × 9`
+tiles (per (c1, n) one 9-row tile; the destination rows of a tile are 32 KiB apart), so the kernel
+is compute-bound, not bandwidth-bound: measured in cache (no memory traffic) it needs 0.30 ns per
+fp16 element (two SSE2 8×8 transposes plus a scalar ninth row per tile), 0.22 ns when the
+destination stride is moved off a 4 KiB multiple (4K aliasing; the format fixes the stride),
+while `np.copyto` moves a 2-byte element in ~0.2 ns on this machine. Reaching 50 % on one core would
+take wider vectors (AVX2 needs `-march`/runtime dispatch, excluded to keep the cached object
+portable) or a second idle core (the wall-clock *fast* column with two threads).
+
+Tried and rejected for the kernel (same session, FRACTAL_Z unless said): staging batches of tiles
+through a 16 KiB L1 tile so one side moves as long runs (20–23 % vs 28 %); blocking the outer
+axes around the small tiles (no change); non-temporal SSE2 stores (2–10× slower); overlapping 8×8
+blocks instead of the scalar ninth row (no change); the other outer-loop order (unpack 17 % vs
+44 %); tile sizes from 128 B to 4 KiB per side for NZ (all within the noise, 50–66 %).
+Rejected before (without the kernel): onnxruntime for FRACTAL_NZ (13–15 %) and for FRACTAL_Z in one
+4-D Transpose (2–3 %); onnxruntime's own intra-op threads; `np.take` gathers of 32-byte blocks
+(~27 %); `complex128` two-lane NZ rows (20–37 %); NZ tiles along N1 (11–19 %); numpy for the element
+transposes (NC1HWC0: 10–16 %); a load-dependent thread switch (irreproducible figures).
 """
 
 if __name__ == "__main__":

@@ -533,7 +533,8 @@ def _build_kernel() -> tuple[str, float | None]:
     if target.is_file():
         _check_owned(target)
         return str(target), None
-    cache.mkdir(parents=True, exist_ok=True)
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    cache.mkdir(mode=0o700, exist_ok=True)       # private: _check_owned refuses shared directories
     fd, tmp = tempfile.mkstemp(prefix=".copykernel-", suffix=suffix, dir=cache)
     os.close(fd)
     try:
@@ -596,6 +597,12 @@ def _reset_kernel() -> None:
     """Forget the loaded kernel (tests): the next use compiles or loads it again."""
     with _kernel_lock:
         _kernel.update(status="not loaded", reason="", path=None, compile_seconds=None, fn=None)
+
+
+try:
+    _byte_bounds = np.lib.array_utils.byte_bounds     # numpy >= 2.0
+except AttributeError:  # pragma: no cover - numpy 1.x
+    _byte_bounds = np.byte_bounds
 
 
 def _extent(ptr: int, shape, strides, unit: int) -> tuple[int, int]:
@@ -662,8 +669,8 @@ def _kernel_copy(dst: np.ndarray, src: np.ndarray, shape, ds, ss, unit: int, n_t
         tasks.append((d0 + start * ds[ax], s0 + start * ss[ax], (ctypes.c_int64 * nd)(*sub)))
 
     # bounds: every byte the kernel touches (each task's box) must lie inside both arrays' memory
-    dlo, dhi = np.lib.array_utils.byte_bounds(dst)
-    slo, shi = np.lib.array_utils.byte_bounds(src)
+    dlo, dhi = _byte_bounds(dst)
+    slo, shi = _byte_bounds(src)
     for dp, sp, c_shape in tasks:
         for ptr, st, blo, bhi in ((dp, ds, dlo, dhi), (sp, ss, slo, shi)):
             lo, hi = _extent(ptr, list(c_shape), st, unit)

@@ -10,11 +10,13 @@ from exactly one source, the richest available, in this order: ``kernel_details.
 ``mindstudio_profiler_output/op_summary_*.csv`` (all slices) → per-device ``summary/op_summary_*.csv`` →
 SQLite export → timeline JSON → ``op_statistic`` (totals only). The other sources of a capture are listed
 as found-but-not-used, with the reason: "same data as X" when their rows were checked to be the same
-tasks, else "X is preferred". An ``op_statistic`` beside a per-task source is kept as a cross-check.
+tasks, "holds other tasks than X" or "overlaps X" when not (never mixed in either case), "X is preferred"
+when they are not compared (timelines, op_statistic). An ``op_statistic`` beside a per-task source is
+kept as a cross-check.
 
 Two captures can also hold the same data (a ``kernel_details.csv`` beside the ``op_summary`` it was made
 from, a capture copied into two folders): the sources chosen are fingerprinted (:func:`fingerprint`: the
-first tasks (name, start, duration), then the task count, the summed duration and the last tasks) and,
+first tasks (name, start, duration), then the number of records and the last tasks) and,
 when two match, only the richer one is used (more of the canonical columns, then the order above); the
 other is listed as "not used: same data as X". A capture read from ``op_statistic`` alone whose
 per-op-type counts and totals are those of another capture's task table is that table's summary: not
@@ -31,6 +33,8 @@ used, kept as its cross-check. Captures whose rows differ (ranks, devices, runs)
 
 from __future__ import annotations
 
+import csv
+import io
 import os
 import re
 from collections import deque
@@ -315,40 +319,83 @@ _FP_COMM_CORES = frozenset({"COMMUNICATION", "HCCL", "HCCL_AI_CPU"})
 
 @dataclass
 class Fingerprint:
-    """What identifies the rows of a source, cheaply: its first tasks, and (after a full pass, only when
-    the first tasks match another source's) its task count, summed duration and last tasks. Tasks are
-    (kernel name, start µs, duration µs); communication is left out (the SQLite export lists it apart)."""
+    """What identifies the rows of a source, cheaply: its first compute tasks, and (``full``, only when the
+    first tasks match another source's) its number of records and its last compute tasks. Tasks are
+    (kernel name, start µs, duration µs); communication is left out of the tasks (the SQLite export lists
+    it apart, after the compute tasks) but counted in the records."""
 
     head: list
     rich: tuple
     rows: int | None = None
-    dur_sum: float | None = None
     tail: list | None = None
 
 
+def _task(row, i_name, i_type, i_core, i_dur, i_start):
+    """(name, start, duration) of a compute record, None for communication or an unusable duration."""
+    try:
+        d = float(row[i_dur])
+    except (TypeError, ValueError):
+        return None
+    if not (0.0 <= d < 1e12):
+        return None
+    name = P.clean(row[i_name])
+    op = P.clean(row[i_type]) or ""
+    if P.clean(row[i_core]) in _FP_COMM_CORES or (name or "").startswith("hcom_") or op.lower().startswith("hcom_"):
+        return None
+    try:
+        t = float(P.clean(row[i_start]) or "nan")
+    except ValueError:
+        t = float("nan")
+    return name, t, d
+
+
 def _fp_rows(src: Source):
-    """Yield (name, start, duration) of the compute tasks of ``src``, and set ``_fp_rows.rich``."""
+    """Yield (record, task or None) of every record of ``src``, in file order."""
     for path in src.paths:
         stream = P.open_table(path, src.reader_kind)
         i = stream.indices
-        i_name, i_type, i_core, i_dur, i_start = i[P.F_NAME], i[P.F_TYPE], i[P.F_CORE], i[P.F_DUR], i[P.F_START]
+        cols = (i[P.F_NAME], i[P.F_TYPE], i[P.F_CORE], i[P.F_DUR], i[P.F_START])
         for row in stream:
-            try:
-                d = float(row[i_dur])
-            except (TypeError, ValueError):
-                continue
-            if not (0.0 <= d < 1e12):
-                continue
-            name = P.clean(row[i_name])
-            core = P.clean(row[i_core])
-            op = P.clean(row[i_type]) or ""
-            if core in _FP_COMM_CORES or (name or "").startswith("hcom_") or op.lower().startswith("hcom_"):
-                continue
-            try:
-                t = float(P.clean(row[i_start]) or "nan")
-            except ValueError:
-                t = float("nan")
-            yield name, t, d
+            yield row, _task(row, *cols)
+
+
+def _csv_rows_and_tail(path: Path) -> tuple[int, list]:
+    """Records of a CSV op table and its last compute tasks, without parsing it: the records are its
+    non-empty lines after the header (msprof and torch_npu write no line breaks inside cells), the tail
+    is parsed from the last block of the file."""
+    stream = P.CsvOpStream(path)
+    i = stream.indices
+    cols = (i[P.F_NAME], i[P.F_TYPE], i[P.F_CORE], i[P.F_DUR], i[P.F_START])
+    lines = 0
+    last = b""
+    with open(path, "rb") as f:
+        while True:
+            chunk = f.read(1 << 22)
+            if not chunk:
+                break
+            lines += chunk.count(b"\n") - chunk.count(b"\n\n") - chunk.count(b"\n\r\n")
+            last = chunk
+        if last and not last.endswith(b"\n"):
+            lines += 1
+        size = f.tell()
+        block = 1 << 16
+        while True:
+            f.seek(max(0, size - block))
+            data = f.read()
+            text = data.decode("utf-8", errors="replace")
+            if size > block:
+                text = text.split("\n", 1)[-1]          # the first line of the block may be cut
+            tail = []
+            for row in csv.reader(io.StringIO(text, newline="")):
+                if len(row) == stream.ncols:
+                    row.append("")
+                    t = _task(row, *cols)
+                    if t is not None:
+                        tail.append(t)
+            if len(tail) >= _FP_N or size <= block:
+                break
+            block *= 4
+    return max(0, lines - 1), tail[-_FP_N:]
 
 
 def _richness(src: Source) -> tuple:
@@ -370,31 +417,40 @@ def _richness(src: Source) -> tuple:
 
 def fingerprint(src: Source, full: bool = False) -> Fingerprint | None:
     """The fingerprint of a per-task source (None for op_statistic, an unreadable file or no tasks).
-    ``full`` reads every row (count, summed duration, last tasks); otherwise only the first tasks."""
+    ``full`` adds the number of records and the last tasks: for CSV files from a count of lines and the
+    end of the last file, otherwise from a pass over the rows."""
     if src.kind == "op_statistic":
         return None
     try:
         it = _fp_rows(src)
         head = []
-        for t in it:
-            head.append(t)
-            if len(head) == _FP_N:
-                break
+        for _row, t in it:
+            if t is not None:
+                head.append(t)
+                if len(head) == _FP_N:
+                    break
         if not head:
             return None
         fp = Fingerprint(head, _richness(src))
-        if full:
-            tail = deque(head, maxlen=_FP_N)
-            n = len(head)
-            total = sum(t[2] for t in head)
-            for t in it:
-                n += 1
-                total += t[2]
-                tail.append(t)
-            fp.rows, fp.dur_sum, fp.tail = n, total, list(tail)
+        if full and src.reader_kind == "csv":
+            it.close()
+            rows = 0
+            for path in src.paths:
+                n, tail = _csv_rows_and_tail(path)
+                rows += n
+            fp.rows, fp.tail = rows, tail
+        elif full:
+            it.close()
+            rows = 0
+            tail = deque(maxlen=_FP_N)
+            for _row, t in _fp_rows(src):
+                rows += 1
+                if t is not None:
+                    tail.append(t)
+            fp.rows, fp.tail = rows, list(tail)
         it.close()
         return fp
-    except (ProfileError, OSError, ValueError):
+    except (ProfileError, OSError, ValueError, csv.Error):
         return None
 
 
@@ -423,10 +479,16 @@ def same_data(a: Fingerprint, b: Fingerprint) -> bool | None:
         return False
     if a.rows is None or b.rows is None:
         return True
-    if a.rows == b.rows and abs(a.dur_sum - b.dur_sum) <= 1e-6 * a.dur_sum + 6e-4 * a.rows \
-            and len(a.tail) == len(b.tail) and _same_tasks(a.tail, b.tail):
+    if a.rows == b.rows and len(a.tail) == len(b.tail) and _same_tasks(a.tail, b.tail):
         return True
     return None
+
+
+def _overlap(a: Fingerprint | None, b: Fingerprint | None) -> str:
+    """How two sources with the same first tasks differ (``a`` the one used)."""
+    if a is None or b is None or a.rows == b.rows:
+        return "the same first tasks, other last tasks"
+    return f"the same first tasks, {b.rows} records vs {a.rows}"
 
 
 def _size(src: Source) -> int:
@@ -475,8 +537,8 @@ def _drop_copies(disc: Discovery) -> None:
                 if verdict:
                     src.reason = f"same data as {_rel(k.used.paths[0], disc.path)}"
                 else:
-                    src.reason = (f"overlaps {_rel(k.used.paths[0], disc.path)}: the same first tasks, "
-                                  f"{b.rows} vs {a.rows} tasks; not mixed, analyse it on its own")
+                    src.reason = (f"overlaps {_rel(k.used.paths[0], disc.path)}: {_overlap(a, b)}; not mixed, "
+                                  "analyse it on its own")
                 src.same_as = k.used.paths[0]
                 c.unused.insert(0, src)
                 c.used = None
@@ -533,7 +595,7 @@ def _drop_copies(disc: Discovery) -> None:
                 if verdict:
                     s.reason = f"same data as {name}"
                 else:
-                    s.reason = f"overlaps {name} (the same first tasks, not the same rows); not mixed"
+                    s.reason = f"overlaps {name} ({_overlap(a, b)}); not mixed"
                 s.same_as = ref.paths[0]
 
 

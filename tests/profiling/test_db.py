@@ -100,3 +100,33 @@ def test_truncated_db(tmp_path):
     bad.write_bytes(good.read_bytes()[:1500])
     with pytest.raises(ProfileError):
         analyze_profile(bad)
+
+
+def test_db_and_its_csv_export_are_the_same_data(tmp_path):
+    # msprof writes the same tasks to msprof_{ts}.db (ns integers) and op_summary_{ts}.csv (µs, 3 decimals):
+    # the fingerprint compares them to the precision of the export and reads the csv only
+    from tests.profiling.helpers import csv_text, op, td
+
+    root = tmp_path / "PROF_000001_20250101120000000_ABCDEF"
+    root.mkdir()
+    build_db(root / "msprof_20250101120000.db")
+    rows = [td("trans_TransData_0", "NCHW", "NC1HWC0", "32,3,224,224", "32,1,224,224,16", "53.761"),
+            op("Conv2D_1", "Conv2D", "AI_CORE", "300.000"), op("Cast_2", "Cast", "AI_VECTOR_CORE", "10.000"),
+            op("Add_3", "Add", "AI_VECTOR_CORE", "36.239"),
+            # the big communication op, a COMMUNICATION row in op_summary (msprof.md §3.1)
+            op("hcom_allReduce__1_1", "N/A", "COMMUNICATION", "5000.000", stream="N/A")]
+    out = root / "mindstudio_profiler_output" / "op_summary_20250101120000.csv"
+    out.parent.mkdir()
+    out.write_text(csv_text(rows, start=1_698_220_811_392_354.694))
+    d = discover(root)
+    (cap,) = d.captures
+    assert cap.used.kind == "op_summary"
+    (db,) = cap.unused
+    assert db.kind == "db" and db.reason == "same data as op_summary_20250101120000.csv"
+    # one task more in the csv: no longer the same data, and still one source read
+    out.write_text(csv_text(rows + [op("Add_4", "Add", "AI_VECTOR_CORE", "1.000")],
+                            start=1_698_220_811_392_354.694))
+    (db,) = discover(root).captures[0].unused
+    assert db.reason.startswith("overlaps op_summary_20250101120000.csv")
+    r = analyze_profile(root)
+    assert r.compute_us == pytest.approx(401.0) and r.communication_us == pytest.approx(5000.0)

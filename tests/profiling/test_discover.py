@@ -199,3 +199,23 @@ def test_op_statistic_of_other_data_is_still_read(tmp_path):
     d = discover(tmp_path)
     assert [s.kind for s in d.used] == ["kernel_details"]
     assert analyze_profile(tmp_path).compute_us == pytest.approx(100.0)
+
+
+def test_large_copies_compared_by_records_and_last_tasks(tmp_path):
+    # > 64 KB each, LF vs CRLF, different column order: compared by their first tasks, their number of
+    # records and their last tasks (read from the end of the file), without parsing them
+    rows = [op(f"Add_{i}", "Add", "AI_VECTOR_CORE", f"{1 + i % 7}.250") for i in range(3000)]
+    rows[1500] = op("hcom_allReduce__1_0", "hcom_allReduce_", "COMMUNICATION", "50.000", stream="N/A")
+    a = write_csv(tmp_path / "op_summary_0_1_20240603052618.csv", rows)
+    b = write_csv(tmp_path / "kernel_details_copy.csv", rows, style="kernel_details", newline="\r\n")
+    assert a.stat().st_size > 1 << 17
+    d = discover(tmp_path)
+    assert len(d.used) == 1
+    assert [s.reason for c in d.captures for s in c.unused] == [f"same data as {d.used[0].paths[0].name}"]
+    # the same first tasks and as many rows, but the second-to-last task differs: an overlap, not mixed
+    rows[-2] = op("Add_2998", "Add", "AI_VECTOR_CORE", "99.000")
+    write_csv(b, rows, style="kernel_details", newline="\r\n")
+    d = discover(tmp_path)
+    assert len(d.used) == 1
+    (dup,) = [s for c in d.captures for s in c.unused]
+    assert dup.reason.startswith("overlaps")
