@@ -2,11 +2,22 @@
 
 from __future__ import annotations
 
+import os
+
 import click
 
 from npu_deploy.cli.options import parse_input_shapes, parse_int_list, soc_option
+from npu_deploy.errors import InputError
 
 _PRECISIONS = ["force_fp16", "allow_fp32_to_fp16", "must_keep_origin_dtype", "allow_mix_precision"]
+
+
+def _same_file(a: str, b: str) -> bool:
+    """True when paths ``a`` and ``b`` name the same file (also through links or ``./`` spellings)."""
+    try:
+        return os.path.samefile(a, b)
+    except OSError:  # one of them does not exist (yet): compare the resolved spellings
+        return os.path.realpath(a) == os.path.realpath(b)
 
 
 def _dims(text: str | None) -> list[tuple[int, ...]] | None:
@@ -22,7 +33,8 @@ def _dims(text: str | None) -> list[tuple[int, ...]] | None:
 @click.command("convert", context_settings={"help_option_names": ["-h", "--help"]})
 @click.argument("model", type=click.Path(dir_okay=True, path_type=str))
 @click.option("-o", "--output", default=None, metavar="OUT",
-              help="Output file, used exactly as given (default MODEL.bundle, or MODEL.om with ATC).")
+              help="Output file (default MODEL.bundle, or MODEL.om with ATC). A bundle is written exactly "
+                   "to OUT; ATC appends .om when OUT lacks it and may add an _<os>_<arch> suffix.")
 @click.option("--backend", type=click.Choice(["auto", "atc", "builtin"]), default="auto", show_default=True,
               help="atc: CANN's compiler; builtin: npu-deploy's lowering to an offline bundle; "
                    "auto: ATC when found, else builtin.")
@@ -30,7 +42,9 @@ def _dims(text: str | None) -> list[tuple[int, ...]] | None:
 @click.option("--input-shape", "input_shape", default=None, metavar='"x:1,3,224,224;y:1,128"',
               help="Fix input shapes (ATC --input_shape); -1 marks a gear dimension.")
 @click.option("--input-format", type=click.Choice(["NCHW", "NHWC", "ND", "NCDHW", "NDHWC"]), default=None,
-              help="Layout of the model inputs as the host gives them (ATC --input_format).")
+              help="Layout the host feeds 4-D (NCHW/NHWC) or 5-D (NCDHW/NDHWC) inputs in; ND for all "
+                   "(ATC --input_format). NHWC/NDHWC: built-in backend only (converted on the device); "
+                   "ATC takes NCHW, NCDHW or ND for ONNX.")
 @click.option("--dynamic-batch", default=None, metavar="1,4,8",
               help="Batch gears (ATC --dynamic_batch_size).")
 @click.option("--dynamic-dims", default=None, metavar='"1,128;4,256"',
@@ -52,6 +66,14 @@ def command(model, output, backend, soc, input_shape, input_format, dynamic_batc
             quiet):
     """Lower MODEL.onnx for an Ascend NPU: ATC .om, or the built-in offline bundle."""
     from npu_deploy.converters.convert import convert
+
+    for opt, path in (("-o", output), ("--report", report)):
+        if path is not None and _same_file(path, model):
+            raise InputError(f"{opt} {path} is the input model itself: converting would overwrite it",
+                             hint=f"choose another {opt} path")
+    if output is not None and report is not None and _same_file(output, report):
+        raise InputError(f"--report {report} is the -o output too: the report would replace the model",
+                         hint="give the report its own path")
 
     def progress(stage, fraction=None):
         if not quiet and stage.startswith("atc: "):

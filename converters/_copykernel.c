@@ -108,11 +108,40 @@ static inline void tr8x8_u16(char *d, i64 dstride, const char *s, i64 sstride) {
 static void tile_copy(char *d, const char *s, i64 nb, i64 na, i64 db, i64 da, i64 sb, i64 sa, i64 es) {
 #if defined(__SSE2__)
     if (es == 2 && da == 2 && sb == 2 && nb >= 8 && na >= 8) {
-        i64 nb8 = nb & ~(i64)7, na8 = na & ~(i64)7;
-        for (i64 i = 0; i < nb8; i += 8)
-            for (i64 j = 0; j < na8; j += 8) tr8x8_u16(d + i * db + j * 2, db, s + j * sa + i * 2, sa);
-        if (na8 < na) tile_u16(d + na8 * 2, s + na8 * sa, nb8, na - na8, db, da, sb, sa);
-        if (nb8 < nb) tile_u16(d + nb8 * db, s + nb8 * 2, nb - nb8, na, db, da, sb, sa);
+        i64 nb8 = nb & ~(i64)7;
+        if (nb8 < nb && (na & 7) == 0) {
+            /* ragged nb only (FRACTAL_Z pack: nb = H*W = 9): 8x8 blocks, then each remaining
+             * destination row gathered 8 elements at a time (measured faster than an overlap) */
+            for (i64 i = 0; i < nb8; i += 8)
+                for (i64 j = 0; j < na; j += 8) tr8x8_u16(d + i * db + j * 2, db, s + j * sa + i * 2, sa);
+            for (i64 i = nb8; i < nb; i++)
+                for (i64 j = 0; j < na; j += 8) {
+                    const char *q = s + j * sa + i * 2;
+                    uint16_t e[8];
+                    for (int k = 0; k < 8; k++) memcpy(&e[k], q + k * sa, 2);
+                    __m128i v = _mm_cvtsi32_si128(e[0]);
+                    v = _mm_insert_epi16(v, e[1], 1);
+                    v = _mm_insert_epi16(v, e[2], 2);
+                    v = _mm_insert_epi16(v, e[3], 3);
+                    v = _mm_insert_epi16(v, e[4], 4);
+                    v = _mm_insert_epi16(v, e[5], 5);
+                    v = _mm_insert_epi16(v, e[6], 6);
+                    v = _mm_insert_epi16(v, e[7], 7);
+                    _mm_storeu_si128((__m128i *)(d + i * db + j * 2), v);
+                }
+            return;
+        }
+        /* 8x8 blocks; a ragged edge is covered by one more block overlapping the previous one
+         * (rewriting a few elements with the same values: src and dst never overlap) */
+        for (i64 i = 0;; i += 8) {
+            if (i > nb - 8) i = nb - 8;
+            for (i64 j = 0;; j += 8) {
+                if (j > na - 8) j = na - 8;
+                tr8x8_u16(d + i * db + j * 2, db, s + j * sa + i * 2, sa);
+                if (j + 8 >= na) break;
+            }
+            if (i + 8 >= nb) break;
+        }
         return;
     }
 #endif
@@ -162,6 +191,59 @@ int npd_copy(char *dst, const char *src, int nd, const i64 *shape, const i64 *ds
             }
         }
         /* odometer over the outer axes, last fastest */
+        int k = no - 1;
+        for (; k >= 0; k--) {
+            if (++idx[k] < shape[k]) {
+                d += ds[k];
+                s += ss[k];
+                break;
+            }
+            d -= (shape[k] - 1) * ds[k];
+            s -= (shape[k] - 1) * ss[k];
+            idx[k] = 0;
+        }
+        if (k < 0) break;
+    }
+    return 0;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * npd_tile3(dst, src, nd, shape, dst_strides, src_strides, elsize, dir)
+ *
+ * Many small contiguous blocks transposed into long contiguous runs, or back.  The last three axes
+ * are (r, a, b); the others are looped over outermost (axis 0 slowest):
+ *   the "block" side has b unit-strided and a stride B*elsize: per r one contiguous A x B block;
+ *   the "run" side has a unit-strided and r stride A*elsize: per b one contiguous run of R*A.
+ * dir 0: src is the block side, dst the run side (FRACTAL_Z pack: per n one C0 x H*W block of the
+ * NCHW weight, per h*w one run of N*C0); dir 1: the reverse (unpack).  Per r one A x B <-> B x A
+ * transpose (SSE2 8x8 blocks for 2-byte elements), walked without the generic kernel's tile loops.
+ * (Measured and rejected: staging R-tiles through an L1 buffer, AVX2 16x8 transposes, software
+ * prefetch of the next rows: all slower or within the noise on the benchmark machine.)
+ * Returns 0, or -1 when the strides do not have this structure.
+ */
+int npd_tile3(char *dst, const char *src, int nd, const i64 *shape, const i64 *ds, const i64 *ss, i64 es,
+              int dir) {
+    if (nd < 3 || nd > NPD_MAXND || es < 1 || (dir != 0 && dir != 1)) return -1;
+    for (int k = 0; k < nd; k++) {
+        if (shape[k] < 0) return -1;
+        if (shape[k] == 0) return 0;
+    }
+    i64 R = shape[nd - 3], A = shape[nd - 2], B = shape[nd - 1];
+    const i64 *bs = dir == 0 ? ss : ds;      /* block side strides */
+    const i64 *rs = dir == 0 ? ds : ss;      /* run side strides */
+    if (bs[nd - 1] != es || bs[nd - 2] != B * es || rs[nd - 2] != es || rs[nd - 3] != A * es) return -1;
+    i64 rstride = bs[nd - 3], bstride = rs[nd - 1];
+    int no = nd - 3;
+    i64 idx[NPD_MAXND] = {0};
+    char *d = dst;
+    const char *s = src;
+    for (;;) {
+        if (dir == 0)       /* run[b][r*A + a] = blk_r[a][b] */
+            for (i64 r = 0; r < R; r++)
+                tile_copy(d + r * A * es, s + r * rstride, B, A, bstride, es, es, B * es, es);
+        else                /* blk_r[a][b] = run[b][r*A + a] */
+            for (i64 r = 0; r < R; r++)
+                tile_copy(d + r * rstride, s + r * A * es, A, B, B * es, es, es, bstride, es);
         int k = no - 1;
         for (; k >= 0; k--) {
             if (++idx[k] < shape[k]) {

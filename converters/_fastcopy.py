@@ -27,7 +27,10 @@ innermost axis is short (C0 = 16 elements): numpy then runs a 16-element inner l
 0. first of all, when a C compiler is available: the *compiled kernel* (``_copykernel.c``, built at
    first use into ``$NPU_DEPLOY_CACHE/kernels`` or ``~/.cache/npu-deploy/kernels``, loaded with
    ctypes): the destination's and the source's innermost axes are copied in cache tiles (SSE2 8x8
-   transposes of 2-byte elements on x86-64), the other axes looped over in C. Measured faster than
+   transposes of 2-byte elements on x86-64), the other axes looped over in C. A second entry point,
+   ``npd_tile3``, serves copies between many small contiguous ``A x B`` blocks and long contiguous
+   runs (FRACTAL_Z from NCHW and back: per n one ``C0 x H·W`` block, per h·w one run of ``N·C0``),
+   recognised from the strides by :func:`_tile3_plan`, one in-cache transpose per block. Measured faster than
    or equal to paths 3-6 for every benchmark layout. Any failure to build or load it (no compiler,
    compile error, read-only cache) silently selects paths 1-6, once; :func:`kernel_info` tells why.
    ``NPU_DEPLOY_KERNEL=0`` disables it. The wrapper checks that every byte the kernel will touch
@@ -488,7 +491,8 @@ _KTILE_B_BYTES = 4096       # ... and along the source's inner axis (measured on
 _KTILE_MAX = 256 << 10      # ... and at most this many bytes per tile
 _kernel_lock = threading.Lock()
 # status: "not loaded" (first use pending), "loaded", "failed" or "disabled"; reason says why
-_kernel: dict = {"status": "not loaded", "reason": "", "path": None, "compile_seconds": None, "fn": None}
+_kernel: dict = {"status": "not loaded", "reason": "", "path": None, "compile_seconds": None, "fn": None,
+                 "fn3": None}
 
 
 def _kernel_cache_dir() -> Path:
@@ -576,9 +580,13 @@ def _kernel_fn():
                 fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, p64, p64, p64, ctypes.c_int64,
                                ctypes.c_int, ctypes.c_int64, ctypes.c_int64]
                 fn.restype = ctypes.c_int
-                _kernel.update(status="loaded", reason="", path=path, compile_seconds=seconds, fn=fn)
+                fn3 = lib.npd_tile3
+                fn3.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, p64, p64, p64, ctypes.c_int64,
+                                ctypes.c_int]
+                fn3.restype = ctypes.c_int
+                _kernel.update(status="loaded", reason="", path=path, compile_seconds=seconds, fn=fn, fn3=fn3)
             except Exception as exc:  # noqa: BLE001 - any failure means "use the numpy paths"
-                _kernel.update(status="failed", reason=f"{type(exc).__name__}: {exc}", fn=None)
+                _kernel.update(status="failed", reason=f"{type(exc).__name__}: {exc}", fn=None, fn3=None)
                 _log.debug("npu-deploy copy kernel unavailable, using numpy: %s", _kernel["reason"])
     return _kernel["fn"]
 
@@ -587,7 +595,7 @@ def kernel_info() -> dict:
     """Status of the compiled copy kernel: ``status`` ("loaded", "failed", "disabled" or "not
     loaded"), ``reason`` (why it is not used), ``path`` and ``compile_seconds`` (None when the
     shared object came from the cache). Does not trigger loading."""
-    info = {k: v for k, v in _kernel.items() if k != "fn"}
+    info = {k: v for k, v in _kernel.items() if k not in ("fn", "fn3")}
     if not KERNEL_ENABLED:
         info.update(status="disabled", reason="NPU_DEPLOY_KERNEL=0")
     return info
@@ -596,7 +604,7 @@ def kernel_info() -> dict:
 def _reset_kernel() -> None:
     """Forget the loaded kernel (tests): the next use compiles or loads it again."""
     with _kernel_lock:
-        _kernel.update(status="not loaded", reason="", path=None, compile_seconds=None, fn=None)
+        _kernel.update(status="not loaded", reason="", path=None, compile_seconds=None, fn=None, fn3=None)
 
 
 try:
@@ -627,6 +635,36 @@ def _kernel_plan(shape, ds, ss):
     return rest + ([b, a] if mode else [a]), mode
 
 
+_TILE3_MAX_BLOCK = 8192     # bytes: npd_tile3 only for small blocks (FRACTAL_Z: C0 x H·W, H·W small)
+
+
+def _tile3_plan(shape, ds, ss, unit: int):
+    """(order, dir) for ``npd_tile3`` when the copy moves many small contiguous blocks into long
+    runs or back, else None. In the kernel's axis order (..., r, a, b): the *block* side (the source
+    when dir is 0, the destination when 1) has b contiguous and a with stride B·unit, i.e. one
+    contiguous A x B block per r; the *run* side has a contiguous and r with stride A·unit, i.e. one
+    contiguous run of R·A per b. Detected from the strides only (no format names)."""
+    nd = len(shape)
+    if nd < 3:
+        return None
+    for direction, bs, rs in ((0, ss, ds), (1, ds, ss)):
+        for b in range(nd):
+            if bs[b] != unit or shape[b] < 2:
+                continue
+            for a in range(nd):
+                if a == b or rs[a] != unit or bs[a] != shape[b] * unit or shape[a] < 2:
+                    continue
+                if shape[a] * shape[b] * unit > _TILE3_MAX_BLOCK:
+                    continue
+                for r in range(nd):
+                    if r in (a, b) or rs[r] != shape[a] * unit:
+                        continue
+                    rest = [i for i in range(nd) if i not in (r, a, b)]
+                    rest.sort(key=lambda i: max(abs(ds[i]), abs(ss[i])), reverse=True)
+                    return rest + [r, a, b], direction
+    return None
+
+
 def _kernel_copy(dst: np.ndarray, src: np.ndarray, shape, ds, ss, unit: int, n_threads: int) -> bool:
     """The copy through the compiled kernel; False when it is unavailable or does not apply."""
     if not shape:                                   # a single (wide) element
@@ -639,7 +677,12 @@ def _kernel_copy(dst: np.ndarray, src: np.ndarray, shape, ds, ss, unit: int, n_t
         return False
     if 0 in shape:
         return True                                 # nothing to copy
-    order, mode = _kernel_plan(shape, ds, ss)
+    fn3 = _kernel.get("fn3")
+    plan3 = _tile3_plan(shape, ds, ss, unit) if fn3 is not None else None
+    if plan3 is not None:
+        order, mode = plan3[0], 2
+    else:
+        order, mode = _kernel_plan(shape, ds, ss)
     shape = [shape[i] for i in order]
     ds = [ds[i] for i in order]
     ss = [ss[i] for i in order]
@@ -656,7 +699,9 @@ def _kernel_copy(dst: np.ndarray, src: np.ndarray, shape, ds, ss, unit: int, n_t
                 tile_b = max(8, tile_b // 2)
     # threads: split the longest of the outer axes (or of the tile axes) into equal chunks
     ax = 0
-    if n_threads > 1:
+    if n_threads > 1 and mode == 2:                 # tile3: split an outer axis or r, never a or b
+        ax = max(range(nd - 2), key=lambda i: (shape[i] >= n_threads, shape[i]))
+    elif n_threads > 1:
         ax = max(range(nd), key=lambda i: (shape[i] >= n_threads, i < nd - (2 if mode else 1), shape[i]))
     chunks = n_threads if n_threads > 1 and shape[ax] >= n_threads else 1
     step = -(-shape[ax] // chunks)
@@ -679,7 +724,11 @@ def _kernel_copy(dst: np.ndarray, src: np.ndarray, shape, ds, ss, unit: int, n_t
 
     def run(task):
         dp, sp, c_shape = task
-        if fn(dp, sp, nd, c_shape, c_ds, c_ss, unit, mode, tile_a, tile_b) != 0:
+        if mode == 2:
+            rc = fn3(dp, sp, nd, c_shape, c_ds, c_ss, unit, plan3[1])
+        else:
+            rc = fn(dp, sp, nd, c_shape, c_ds, c_ss, unit, mode, tile_a, tile_b)
+        if rc != 0:
             raise RuntimeError("fast copy: the kernel rejected its arguments")
 
     _run_tasks(run, tasks, n_threads)

@@ -39,7 +39,10 @@ caller provides, plus these the writer adds or the converter adds:
 - ``transdata_naive``: the naive plan's TransData list, ``transdata_naive_bytes`` its bytes (converter)
 - ``tensor_formats``: activation name → device format; ``plan``: plan verdict and passes run;
   ``support``: op-support verdict and engine counts (converter)
-- in ``inputs``/``outputs`` entries: ``device_dtype``; in ``node_formats`` entries: ``c0``, ``folded``;
+- in ``inputs``/``outputs`` entries: ``device_dtype``; in ``inputs`` entries fed channels-last
+  (``--input-format NHWC``/``NDHWC``): ``graph_format`` (``NCHW``/``NCDHW``, the lowered graph's layout)
+  and ``graph_shape`` (its shape), while ``shape``/``device_shape`` are in the host order; in
+  ``node_formats`` entries: ``c0``, ``folded``;
   in ``transdata`` entries: ``tensor``, ``producer``, ``consumers``, ``dst_bytes``, ``est_us``
 
 Example:

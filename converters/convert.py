@@ -12,6 +12,12 @@ The pipeline, the same for the API and ``npu-deploy convert``:
    weights one at a time; ``"auto"`` is ATC when it is found, else built-in (the result says which
    and why).
 
+``input_format``: the layout the host feeds 4-D (NCHW/NHWC) or 5-D (NCDHW/NDHWC) inputs in; ``ND`` for
+all. ATC takes NCHW, NCDHW or ND for ONNX models, so NHWC/NDHWC is refused there (also under
+``"auto"`` when ATC is found); the built-in backend implements it: the manifest's input ``format`` and
+``shape`` are channels-last (what the user feeds), ``graph_format``/``graph_shape`` say what the
+lowered graph reads, and the plan's first TransData converts on the device (NHWC→NC1HWC0 directly).
+
 >>> import numpy as np, onnx, tempfile, os
 >>> from onnx import helper, TensorProto
 >>> g = helper.make_graph([helper.make_node("Relu", ["x"], ["y"], name="relu")], "g",
@@ -103,6 +109,39 @@ def _check_options(backend: str, precision_mode: str | None, input_format: str |
     soc_family(soc)
 
 
+def _check_atc_input_format(input_format: str | None, reason: str) -> None:
+    from npu_deploy.converters.atc import INPUT_FORMATS as ATC_INPUT_FORMATS
+
+    if input_format is not None and input_format not in ATC_INPUT_FORMATS:
+        raise InputError(f"--input-format {input_format} is not accepted by ATC for ONNX models: ATC's rule "
+                         f"for ONNX is {', '.join(ATC_INPUT_FORMATS)} (NHWC/NDHWC only for TensorFlow models); "
+                         f"backend atc ({reason})",
+                         hint=f"use --backend builtin, where {input_format} host inputs are supported (converted "
+                              f"on the device), or feed the model's own layout and drop --input-format")
+
+
+def _host_perm(host: str, graph: str) -> list[int]:
+    """Axis ``k`` of the host (channels-last) array is axis ``perm[k]`` of the graph's array."""
+    return [graph.index(a) for a in host]
+
+
+def _host_gears(loaded, input_format: str | None) -> list[dict[str, list[int]]]:
+    """``loaded.gears`` with each channels-last input's shape in the order the host feeds it."""
+    from npu_deploy.converters.planner import HOST_LAYOUTS, host_input_formats
+
+    host = host_input_formats(loaded.inputs, input_format)[0] if loaded.gears else {}
+    out = []
+    for g in loaded.gears:
+        gear = {}
+        for k, v in g.items():
+            f = host.get(k)
+            if f in HOST_LAYOUTS:
+                v = [v[j] for j in _host_perm(f, HOST_LAYOUTS[f][0])]
+            gear[k] = list(v)
+        out.append(gear)
+    return out
+
+
 def _check_output(path: Path) -> None:
     parent = path.parent if str(path.parent) else Path(".")
     if path.is_dir():
@@ -156,6 +195,8 @@ def convert(model: str | os.PathLike, output: str | os.PathLike | None = None, *
     t0 = time.perf_counter()
     soc = soc or DEFAULT_SOC
     _check_options(backend, precision_mode, input_format, timeout, soc)
+    if backend == "atc":
+        _check_atc_input_format(input_format, "requested (--backend atc)")
     src = Path(model)
     say = progress or (lambda stage, fraction=None: None)
 
@@ -166,6 +207,8 @@ def convert(model: str | os.PathLike, output: str | os.PathLike | None = None, *
     support.raise_if_unsupported(src.name)
 
     chosen, reason, atc_exe = _choose_backend(backend, atc)
+    if chosen == "atc":
+        _check_atc_input_format(input_format, reason)
     if output is None:
         out = src.with_suffix(".om" if chosen == "atc" else ".bundle")
     else:
@@ -173,8 +216,7 @@ def convert(model: str | os.PathLike, output: str | os.PathLike | None = None, *
     _check_output(out)
     if report is not None:
         _check_output(Path(report))
-    dynamic = {"mode": loaded.dynamic_mode,
-               "gears": [{k: list(v) for k, v in g.items()} for g in loaded.gears]}
+    dynamic = {"mode": loaded.dynamic_mode, "gears": _host_gears(loaded, input_format)}
     support_d = {"verdict": support.verdict(), "counts": support.counts(),
                  "ai_cpu_nodes": [n.name for n in support.nodes if n.engine == "AI CPU" and not n.folded]}
     mode = precision_mode or "force_fp16"
@@ -334,19 +376,27 @@ def lowered_graph(loaded, moved: set[str], removed_nodes: set[str]) -> onnx.Mode
 
 
 def _io_entries(loaded, p, infos, input_format: str | None, is_input: bool) -> list[dict]:
-    from npu_deploy.converters.planner import plain_name
+    from npu_deploy.converters.planner import HOST_LAYOUTS, host_input_formats, plain_name
 
+    host = host_input_formats(infos, input_format)[0] if is_input else {}
     out = []
     for info in infos:
         shape = list(info.shape)
         if not is_input and not loaded.gears and info.name in loaded.shapes:
             shape = list(loaded.shapes[info.name])
-        full = loaded.shapes.get(info.name, tuple(max(d, 0) for d in shape))
-        fmt = input_format if (is_input and input_format) else plain_name(len(shape))
+        full = list(loaded.shapes.get(info.name, tuple(max(d, 0) for d in shape)))
+        fmt = host.get(info.name) or plain_name(len(shape))
         nbytes = int(np.prod(full, dtype=np.int64)) * np.dtype(info.dtype).itemsize
-        out.append({"name": info.name, "shape": shape, "dtype": np.dtype(info.dtype).name, "format": fmt,
-                    "device_format": fmt, "device_shape": list(full), "c0": None, "nbytes": nbytes,
-                    "device_dtype": p.tensor_dtypes.get(info.name, np.dtype(info.dtype).name)})
+        entry = {"name": info.name, "shape": shape, "dtype": np.dtype(info.dtype).name, "format": fmt,
+                 "device_format": fmt, "device_shape": full, "c0": None, "nbytes": nbytes,
+                 "device_dtype": p.tensor_dtypes.get(info.name, np.dtype(info.dtype).name)}
+        if fmt in HOST_LAYOUTS:
+            # the host feeds (and the device receives) the compact channels-last array; the plan's first
+            # TransData converts it on the device; the lowered graph itself reads graph_format
+            perm = _host_perm(fmt, HOST_LAYOUTS[fmt][0])
+            entry.update(shape=[shape[j] for j in perm], device_shape=[full[j] for j in perm],
+                         graph_format=HOST_LAYOUTS[fmt][0], graph_shape=shape)
+        out.append(entry)
     return out
 
 
@@ -369,8 +419,7 @@ def build_manifest(loaded, p, *, input_format: str | None = None, support=None) 
         "precision_mode": p.precision_mode,
         "inputs": _io_entries(loaded, p, loaded.inputs, input_format, True),
         "outputs": _io_entries(loaded, p, loaded.outputs, None, False),
-        "dynamic": {"mode": loaded.dynamic_mode,
-                    "gears": [{k: list(v) for k, v in g.items()} for g in loaded.gears]},
+        "dynamic": {"mode": loaded.dynamic_mode, "gears": _host_gears(loaded, input_format)},
         "memory": p.memory.summary(),
         "transdata": [t.to_manifest() for t in p.transdata],
         "transdata_naive_count": len(p.transdata_naive),

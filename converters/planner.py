@@ -31,6 +31,15 @@ and ops whose published op-info lists float16 only run in float16.
 Plain layouts (ND, NCHW, NCDHW…) are byte-identical for an ONNX tensor: converting between them is
 free, so they compare equal here; reports show NCHW for 4-D and NCDHW for 5-D plain tensors.
 
+Host layouts (``input_format="NHWC"`` / ``"NDHWC"``, :data:`HOST_LAYOUTS`): the user feeds a 4-D (5-D)
+input channels-last while the ONNX graph is NCHW (NCDHW), as GE does for TensorFlow models. Such an
+input is produced in NHWC, which is *not* interchangeable with the other plain layouts: its first
+TransData goes straight to the consumer's format (NHWC→NC1HWC0, a direct GE transfer, formats.md §4.1)
+or, for an ND/NCHW consumer, NHWC→NCHW (a transpose, costed like any TransData). A flexible node
+right after such an input may move to its consumer's blocked format when that saves the extra
+conversion. Inputs of another rank keep their plain layout (a plan note says so); no input of the
+right rank is an ``InputError`` (:func:`host_input_formats`).
+
 >>> import numpy as np, onnx, tempfile, os
 >>> from onnx import helper, TensorProto, numpy_helper
 >>> w = numpy_helper.from_array(np.ones((8, 3, 3, 3), np.float32), "w")
@@ -67,6 +76,11 @@ C04 = "NC1HWC0_C04"
 NDC1HWC0 = "NDC1HWC0"
 NZ = "FRACTAL_NZ"
 PRIVATE_5HD = (NC1HWC0, C04, NDC1HWC0)
+# Channels-last host layouts of --input-format: name -> (the graph's layout, rank). Plain (no padding),
+# but a different axis order from the ONNX graph: converting costs a transpose.
+HOST_LAYOUTS: dict[str, tuple[str, int]] = {"NHWC": ("NCHW", 4), "NDHWC": ("NCDHW", 5)}
+# --input-format values and the input rank each applies to (None: any rank).
+INPUT_FORMAT_RANKS: dict[str, int | None] = {"NCHW": 4, "NHWC": 4, "NCDHW": 5, "NDHWC": 5, "ND": None}
 
 PRECISION_MODES = ("force_fp16", "allow_fp32_to_fp16", "must_keep_origin_dtype", "allow_mix_precision")
 FORMATTRANS_THRESHOLD = 0.08
@@ -169,6 +183,50 @@ def plain_name(rank: int) -> str:
     return "NCHW" if rank == 4 else "NCDHW" if rank == 5 else ND
 
 
+def display_format(fmt: str, rank: int) -> str:
+    """The name reports use: host layouts as themselves, other plain layouts by rank, blocked as is."""
+    if fmt in HOST_LAYOUTS:
+        return fmt
+    return plain_name(rank) if is_plain(fmt) else fmt
+
+
+def host_input_formats(inputs, input_format: str | None) -> tuple[dict[str, str], list[str]]:
+    """The host (user) format of each graph input under ``--input-format``, and notes.
+
+    ``inputs``: objects with ``name`` and ``shape`` (``LoadedModel.inputs``). The format applies to
+    inputs of its rank (4-D for NCHW/NHWC, 5-D for NCDHW/NDHWC; ``ND`` to all); other inputs keep their
+    plain layout (ND, or NCHW/NCDHW by rank), which a note says. NHWC/NDHWC with no input of that rank
+    would change nothing: an ``InputError``.
+
+    >>> from types import SimpleNamespace as T
+    >>> host_input_formats([T(name="x", shape=(1, 3, 8, 8)), T(name="m", shape=(1, 8))], "NHWC")
+    ({'x': 'NHWC', 'm': 'ND'}, ['input m (rank 2) keeps ND: --input-format NHWC applies to 4-D inputs'])
+    """
+    out: dict[str, str] = {}
+    notes: list[str] = []
+    if input_format is not None and input_format not in INPUT_FORMAT_RANKS:
+        raise InputError(f"unknown input format {input_format!r}",
+                         hint=f"use one of: {', '.join(INPUT_FORMAT_RANKS)}")
+    want = INPUT_FORMAT_RANKS.get(input_format) if input_format else None
+    for i in inputs:
+        rank = len(tuple(i.shape))
+        if input_format is None:
+            out[i.name] = plain_name(rank)
+        elif want is None or rank == want:
+            out[i.name] = input_format
+        else:
+            out[i.name] = plain_name(rank)
+            if input_format in HOST_LAYOUTS:
+                notes.append(f"input {i.name} (rank {rank}) keeps {out[i.name]}: --input-format "
+                             f"{input_format} applies to {want}-D inputs")
+    if input_format in HOST_LAYOUTS and not any(f == input_format for f in out.values()):
+        ranks = ", ".join(f"{i.name} rank {len(tuple(i.shape))}" for i in inputs) or "none"
+        raise InputError(f"--input-format {input_format} applies to {want}-D inputs, and the model has none "
+                         f"(inputs: {ranks})",
+                         hint="drop --input-format (inputs then keep the model's layout) or fix --input-shape")
+    return out, notes
+
+
 # ------------------------------------------------------------------------------------------------
 # Plan data
 # ------------------------------------------------------------------------------------------------
@@ -265,6 +323,9 @@ class PlanState:
         self.precision_mode = precision_mode
         self.enable_small_channel = enable_small_channel
         self.input_format = input_format
+        formats_by_input, self.notes = host_input_formats(loaded.inputs, input_format)
+        # graph inputs the host feeds in a channels-last layout (NHWC/NDHWC): produced in that layout
+        self.host_formats: dict[str, str] = {k: v for k, v in formats_by_input.items() if v in HOST_LAYOUTS}
         static = {} if loaded.gears else dict(loaded.shapes)
         self.const = constant_tensors(self.graph, static)
         self.graph_inputs = [i.name for i in loaded.inputs]
@@ -332,7 +393,7 @@ class PlanState:
         """Format a tensor is produced in (plain for graph inputs and constants)."""
         p = self.producer.get(t)
         if p is None or t in self.const:
-            return ND
+            return self.host_formats.get(t, ND)
         return output_format(self.nodes[p[0]].fmt)
 
     def rank(self, t: str) -> int:
@@ -429,7 +490,7 @@ class PlanState:
 def _same(a: str | None, b: str | None) -> bool:
     if a is None or b is None:
         return True
-    return a == b or (is_plain(a) and is_plain(b))
+    return a == b or (is_plain(a) and is_plain(b) and a not in HOST_LAYOUTS and b not in HOST_LAYOUTS)
 
 
 def _numel(shape: Sequence[int]) -> int:
@@ -559,6 +620,8 @@ def _attr(node: onnx.NodeProto, name: str, default: Any = None) -> Any:
 
 def check_format(state: PlanState, n: _Node, fmt: str) -> str | None:
     """Can flexible node ``n`` run in ``fmt``? None if yes, else the reason why not."""
+    if fmt in HOST_LAYOUTS:
+        return f"{n.node.op_type} runs in the graph's layout, not the host layout {fmt}"
     if is_plain(fmt):
         return None
     if n.fixed:
@@ -760,6 +823,10 @@ def _single_node_moves(state: PlanState) -> Iterable[tuple[list[_Node], str]]:
         cands = [f for f in ins if any(_same(f, o) for o in outs)]
         if not is_plain(n.fmt) and outs and all(is_plain(o) for o in outs) and ND not in cands:
             cands.append(ND)
+        if any(f in HOST_LAYOUTS for f in ins):
+            # host NHWC -> (this node) -> blocked consumer: running the node in the consumer's format
+            # turns NHWC->NCHW plus NCHW->X into one direct NHWC->X
+            cands += [o for o in dict.fromkeys(outs) if not is_plain(o) and o != C04 and o not in cands]
         for f in cands:
             yield [n], f
 
@@ -870,8 +937,8 @@ def insert_transdata(state: PlanState, *, shared: bool = True, naive: bool = Fal
             dst = key.split("#")[0]
             shape = tuple(state.shapes.get(t, ()))
             rank = len(shape)
-            src_name = plain_name(rank) if is_plain(src) else src
-            dst_name = plain_name(rank) if is_plain(dst) else dst
+            src_name = display_format(src, rank)
+            dst_name = display_format(dst, rank)
             td = TransData(
                 name=f"trans_TransData_{len(out)}", tensor=t, producer=prod.node.name if prod else None,
                 consumers=[c if c is not None else "<graph output>" for c in consumers],
@@ -1158,8 +1225,7 @@ def plan(loaded, *, soc: str = "Ascend310P3", precision_mode: str | None = None,
     tensor_dtypes: dict[str, str] = {}
     for t in list(state.graph_inputs) + [o for n in state.nodes for o in n.node.output if o]:
         if state.is_activation(t):
-            f = state.tensor_format(t)
-            tensor_formats[t] = plain_name(state.rank(t)) if is_plain(f) else f
+            tensor_formats[t] = display_format(state.tensor_format(t), state.rank(t))
             tensor_dtypes[t] = state.device_dtype(t).name
     packed = {w.name: w for w in weights}
     node_formats: dict[str, NodeFormats] = {}
@@ -1270,6 +1336,7 @@ def _report(loaded, state, soc, precision_mode, support, naive, transdata, weigh
         key = plain_name(state.rank(n.node.output[0]) if n.node.output else 0) if is_plain(n.fmt) else n.fmt
         formats_count[key] = formats_count.get(key, 0) + 1
     notes = list(getattr(loaded, "warnings", ()))  # what loading worked around (onnx_model.load_model)
+    notes += state.notes  # inputs --input-format does not apply to
     cost_d = None
     if cost is not None:
         cost_d = {"estimated": True, "compute_us": float(cost.compute_us),

@@ -378,6 +378,11 @@ class Backend:
         return out
 
     def _shape_hint(self, m: TensorMeta) -> str:
+        if m.format in ("NHWC", "NDHWC"):
+            perm = "0, 2, 3, 1" if m.format == "NHWC" else "0, 2, 3, 4, 1"
+            return (f"input {m.name!r} is fed channels-last ({m.format}): transpose a channels-first array "
+                    f"with x.transpose({perm})" + (f"; allowed shapes: {', '.join(_fmt_shape(g) for g in m.gears)}"
+                                                     if m.gears else ""))
         if m.gears:
             return "allowed shapes: " + ", ".join(_fmt_shape(g) for g in m.gears)
         return "reconvert the model with the shape you need (convert --input-shape)"

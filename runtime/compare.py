@@ -308,6 +308,9 @@ def _ort_dtype(t: str) -> np.dtype:
     return np.dtype(_ORT_TYPES[t])
 
 
+_CHANNEL_FIRST = {"NHWC": (0, 3, 1, 2), "NDHWC": (0, 4, 1, 2, 3)}
+
+
 def _open_target(target: Any, *, backend: str, device_id: int):
     """A session-like object for ``target`` and whether we own it (must close it)."""
     if hasattr(target, "run") and hasattr(target, "get_inputs"):
@@ -373,9 +376,15 @@ def compare(reference_onnx: str | os.PathLike, target: Any, *,
             raise InputError(f"output(s) {', '.join(unknown)} are not outputs of the reference",
                              hint=f"the reference's outputs are {', '.join(sorted(ref_out_names))}")
         ref_feeds = {}
+        host_format = {m.name: getattr(m, "format", None) for m in tmetas}
         for m in ref.get_inputs():
             if m.name in feeds:
                 a = feeds[m.name]
+                # A bundle converted with --input-format NHWC takes channel-last host arrays; the ONNX
+                # reference reads channel-first: same values, axes moved.
+                perm = _CHANNEL_FIRST.get(host_format.get(m.name))
+                if perm is not None and a.ndim == len(perm):
+                    a = np.ascontiguousarray(a.transpose(perm))
                 ref_feeds[m.name] = a.astype(m.dtype) if a.dtype != m.dtype and \
                     np.can_cast(a.dtype, m.dtype, "safe") else a
         tgt_outs = sess.run(names, feeds)  # first: the session's feed check gives the clearer message

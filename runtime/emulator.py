@@ -13,6 +13,10 @@ What it does, in order:
 * **Transfers** — host arrays are compact in the user's format. When an input's device format differs
   (e.g. ``NC1HWC0``), the host→device phase packs it into the device layout (C padded to C0) and the
   device side unpacks it for onnxruntime; outputs go the other way. Same format on both sides: no copy.
+  An input fed channels-last (``--input-format NHWC``; manifest ``graph_format`` ``NCHW``) is converted
+  to the graph's layout during the host→device phase, through the format core
+  (``formats.unpack(x, "NHWC", nchw_shape)``: one exact copy), or as a free view when the axis order
+  does not change the bytes (C = 1, or H = W = 1). On the device this is the plan's first TransData.
 * **Timing** — ``h2d`` is the packing, ``compute`` the onnxruntime run (plus the device-side layout
   work), ``d2h`` the unpacking. These are CPU times, not device times.
 * **Profile** — with ``profile=True`` an msprof-style folder ``PROF_*/mindstudio_profiler_output/`` is
@@ -87,6 +91,17 @@ class _Transfer:
         self.c0 = entry.get("c0")
         self.identity = _same_layout(self.host_format, self.device_format)
         self.origin = self.host_format if self.host_format in _PLAIN_4D + _PLAIN_5D else None
+        # the lowered graph's layout when it differs from the host's (channels-last host inputs)
+        graph = str(entry.get("graph_format") or "").upper()
+        self.graph_format: str | None = None
+        self.perm: tuple[int, ...] = ()
+        if graph and graph != self.host_format.upper() and self.host_format.upper() != "ND":
+            host = self.host_format.upper()
+            if graph not in _PLAIN_4D + _PLAIN_5D or sorted(graph) != sorted(host):
+                raise BundleError(f"input {name!r}: host format {self.host_format} cannot be read as graph "
+                                  f"format {graph}", hint="re-convert the model")
+            self.graph_format = graph
+            self.perm = tuple(host.index(a) for a in graph)  # graph axis k is host axis perm[k]
 
     def _kw(self) -> dict[str, Any]:
         kw: dict[str, Any] = {}
@@ -102,9 +117,26 @@ class _Transfer:
         return formats.pack(x, self.device_format, **self._kw())
 
     def unpack(self, phys: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+        """The device buffer as the lowered graph reads it; ``shape`` is the host array's shape."""
         from npu_deploy.converters import formats
 
-        return formats.unpack(phys, self.device_format, shape, **self._kw())
+        if self.graph_format is None:
+            return formats.unpack(phys, self.device_format, shape, **self._kw())
+        kw = self._kw()
+        kw["origin"] = self.graph_format
+        return formats.unpack(phys, self.device_format, self.graph_shape(shape), **kw)
+
+    def graph_shape(self, host_shape: tuple[int, ...]) -> tuple[int, ...]:
+        return tuple(host_shape[j] for j in self.perm) if self.perm else tuple(host_shape)
+
+    def to_graph(self, x: np.ndarray) -> np.ndarray:
+        """Host layout -> the graph's layout for a same-format (identity) transfer. Exact."""
+        from npu_deploy.converters import formats
+
+        view = x.transpose(self.perm)
+        if view.flags.c_contiguous:  # C == 1 or H == W == 1: same bytes, no copy
+            return view
+        return formats.unpack(x, self.host_format, view.shape, origin=self.graph_format)
 
 
 class EmulatorBackend(Backend):
@@ -247,15 +279,18 @@ class EmulatorBackend(Backend):
             self._run_starts.append(time.time())
         record = self.record_device_buffers
         device: dict[str, np.ndarray] = {}
+        ort_feeds: dict[str, np.ndarray] = {}
         with self._phase("h2d"):
             for name, x in feeds.items():
                 t = self._in_transfers[name]
                 device[name] = x if t.identity else t.pack(x)
+                if t.identity and t.graph_format is not None:
+                    ort_feeds[name] = t.to_graph(x)  # channels-last host input: the graph reads NCHW
         with self._phase("compute"):
-            ort_feeds = {}
             for name, d in device.items():
                 t = self._in_transfers[name]
-                ort_feeds[name] = d if t.identity else t.unpack(d, feeds[name].shape)
+                if name not in ort_feeds:
+                    ort_feeds[name] = d if t.identity else t.unpack(d, feeds[name].shape)
             try:
                 outs = self._sess.run(output_names, ort_feeds)
             except Exception as e:

@@ -224,3 +224,148 @@ def test_refuses_a_world_writable_cache(fresh_kernel):
         assert _pack_roundtrip_equals_plain()
     finally:
         cache.chmod(0o755)
+
+
+# ------------------------------------------------------------------------------ npd_tile3 (FRACTAL_Z)
+def _plain(fn):
+    """``fn()`` with the fast copy off: plain ``dst[...] = src`` per piece (the reference)."""
+    old = _fastcopy.ENABLED
+    try:
+        _fastcopy.ENABLED = False
+        return fn()
+    finally:
+        _fastcopy.ENABLED = old
+
+
+def _spy_tile3(monkeypatch):
+    """Record which copies _tile3_plan accepted (a list of (order, dir))."""
+    seen = []
+    orig = _fastcopy._tile3_plan
+
+    def spy(*a):
+        r = orig(*a)
+        if r is not None:
+            seen.append(r)
+        return r
+    monkeypatch.setattr(_fastcopy, "_tile3_plan", spy)
+    return seen
+
+
+def _rand_bytes(shape, dtype, seed):
+    dtype = np.dtype(dtype)
+    raw = np.random.default_rng(seed).integers(0, 256, size=int(np.prod(shape)) * dtype.itemsize, dtype=np.uint8)
+    return raw.view(dtype).reshape(shape)     # NaN payloads, -0, subnormals: compared as bytes
+
+
+@needs_kernel
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.integers(1, 70), st.integers(1, 70), st.integers(1, 7), st.integers(1, 7),
+       st.sampled_from([(np.float16, None), (np.float32, None), (np.int8, None), (np.float16, 8)]),
+       st.sampled_from([1, 2]), st.integers(0, 2**32 - 1))
+def test_tile3_fractal_z_equals_plain(monkeypatch, n, c, h, w, dt_c0, threads, seed):
+    """FRACTAL_Z pack/unpack through the kernel (npd_tile3 for the full C0 blocks) byte for byte
+    equal to plain assignment: N, C not multiples of 16, H·W from 1 to 49, fp16/fp32/int8."""
+    dtype, c0 = dt_c0
+    monkeypatch.setattr(_fastcopy, "_SMALL", 1)
+    monkeypatch.setattr(_fastcopy, "_PARALLEL_BYTES", 1)
+    monkeypatch.setenv("NPU_DEPLOY_THREADS", str(threads))
+    seen = _spy_tile3(monkeypatch)
+    x = _rand_bytes((n, c, h, w), dtype, seed)
+    want = _plain(lambda: F.pack(x, "FRACTAL_Z", c0=c0))
+    got = F.pack(x, "FRACTAL_Z", c0=c0)
+    assert got.tobytes() == want.tobytes()
+    back_want = _plain(lambda: F.unpack(want, "FRACTAL_Z", x.shape, c0=c0))
+    back = np.full_like(x, 7)
+    F.unpack(want, "FRACTAL_Z", x.shape, c0=c0, out=back)
+    assert back.tobytes() == back_want.tobytes() == x.tobytes()
+    cc0 = c0 or (32 if np.dtype(dtype).itemsize == 1 else 16)
+    if n >= 16 and c >= cc0 and h * w >= 2:     # a full block piece exists: tile3 serves it both ways
+        assert {d for _, d in seen} == {0, 1}
+
+
+@needs_kernel
+@pytest.mark.parametrize("n,c,h,w,groups,dtype", [
+    (64, 32, 3, 3, 2, np.float16), (48, 48, 3, 3, 3, np.float16), (96, 40, 5, 5, 4, np.float16),
+    (64, 64, 1, 1, 4, np.float32), (64, 96, 3, 3, 2, np.int8), (32, 8, 7, 7, 8, np.float16),
+])
+def test_tile3_grouped_fractal_z_equals_plain(monkeypatch, n, c, h, w, groups, dtype):
+    monkeypatch.setattr(_fastcopy, "_SMALL", 1)
+    x = _rand_bytes((n, c // groups, h, w), dtype, n + c + groups)
+    want = _plain(lambda: F.pack(x, "FRACTAL_Z", groups=groups))
+    got = F.pack(x, "FRACTAL_Z", groups=groups)
+    assert got.tobytes() == want.tobytes()
+    back = F.unpack(want, "FRACTAL_Z", x.shape, groups=groups)
+    assert back.tobytes() == _plain(lambda: F.unpack(want, "FRACTAL_Z", x.shape, groups=groups)).tobytes()
+    assert back.tobytes() == x.tobytes()
+
+
+@needs_kernel
+@pytest.mark.parametrize("hw", [1, 2, 7, 8, 9, 15, 16, 17, 25, 49])
+@pytest.mark.parametrize("dtype,c0", [(np.float16, 16), (np.float32, 16), (np.int8, 32), (np.uint16, 8)])
+def test_tile3_pieces_direct(hw, dtype, c0):
+    """An FZ-like piece (phys[c1, hw, n, c0] = x[n, c1*C0 + c0, hw]) straight through _kernel_copy,
+    both directions, inside larger buffers whose other bytes stay untouched."""
+    n, c1 = 37, 3
+    x_full = _rand_bytes((n + 2, c1 * c0 + 5, hw), dtype, hw)
+    x = x_full[1:n + 1, 2:2 + c1 * c0]                  # not contiguous: a sub-box of a bigger array
+    phys_full = np.full((c1, hw, n + 3, c0), 5, dtype)
+    phys = phys_full[:, :, 1:n + 1]
+    dst = phys.transpose(2, 0, 3, 1)                      # [n, c1, c0, hw] view of the storage
+    src = x.reshape(n, c1, c0, hw)
+    shape, ds, ss = _fastcopy._simplify(dst, src)
+    shape, ds, ss, unit = _fastcopy._widen(shape, ds, ss, dst.dtype.itemsize)
+    plan = _fastcopy._tile3_plan(shape, ds, ss, unit)
+    if hw >= 2:
+        assert plan is not None and plan[1] == 0
+    assert _kernel_copy(dst, src)
+    want = np.full_like(phys_full, 5)
+    want[:, :, 1:n + 1] = x.reshape(n, c1, c0, hw).transpose(1, 3, 0, 2)
+    assert phys_full.tobytes() == want.tobytes()
+    # and back
+    back_full = np.full_like(x_full, 3)
+    back = back_full[1:n + 1, 2:2 + c1 * c0].reshape(n, c1, c0, hw)
+    shape, ds, ss = _fastcopy._simplify(back, dst)
+    shape, ds, ss, unit = _fastcopy._widen(shape, ds, ss, back.dtype.itemsize)
+    plan = _fastcopy._tile3_plan(shape, ds, ss, unit)
+    if hw >= 2:
+        assert plan is not None and plan[1] == 1
+    assert _kernel_copy(back, dst)
+    want_back = np.full_like(x_full, 3)
+    want_back[1:n + 1, 2:2 + c1 * c0] = x
+    assert back_full.tobytes() == want_back.tobytes()
+
+
+@needs_kernel
+def test_tile3_rejects_other_strides():
+    """npd_tile3 checks the block/run structure itself (returns -1 rather than copying wrongly)."""
+    import ctypes
+
+    fn3 = _fastcopy._kernel_fn() and _fastcopy._kernel["fn3"]
+    assert fn3 is not None
+    a = (ctypes.c_int64 * 3)
+    dst = np.zeros(64, np.uint16)
+    src = np.arange(64, dtype=np.uint16)
+    d, s = dst.ctypes.data, src.ctypes.data
+    # (r, a, b) = (2, 4, 8): the run side's r stride must be A*2 = 8 bytes; 16 is wrong
+    assert fn3(d, s, 3, a(2, 4, 8), a(16, 2, 16), a(64, 16, 2), 2, 0) == -1
+    assert fn3(d, s, 3, a(2, 4, 8), a(8, 2, 16), a(64, 16, 2), 2, 2) == -1      # no such direction
+    assert (dst == 0).all()
+    assert fn3(d, s, 3, a(2, 4, 8), a(8, 2, 16), a(64, 16, 2), 2, 0) == 0
+    want = src.reshape(2, 4, 8).transpose(2, 0, 1).reshape(-1)
+    assert dst.tobytes() == want.tobytes()
+
+
+@needs_kernel
+@pytest.mark.parametrize("nb", [7, 8, 9, 13, 16, 17, 24, 25])
+@pytest.mark.parametrize("na", [7, 8, 9, 15, 16, 17])
+def test_sse_tile_edges(nb, na):
+    """2-byte 2-D transposes with ragged edges on either side (the gathered last rows and the
+    overlapping last blocks of the SSE2 tile), with gaps around the destination rows."""
+    src_full = _rand_bytes((na + 1, nb + 3), np.float16, nb * 100 + na)
+    src = src_full[1:, 2:2 + nb].T                         # [nb, na], nb contiguous
+    buf = np.full((nb, na + 4), 9, np.uint16).view(np.float16)
+    dst = buf[:, 1:na + 1]
+    assert _kernel_copy(dst, src)
+    want = np.full((nb, na + 4), 9, np.uint16).view(np.float16)
+    want[:, 1:na + 1] = src
+    assert buf.tobytes() == want.tobytes()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -168,3 +169,31 @@ def test_bad_max_outside(pair):
     ref, good, *_ = pair
     with pytest.raises(InputError, match="between 0 and 1"):
         compare(ref, good, max_outside=5)
+
+
+def test_compare_feeds_channel_first_reference_for_an_nhwc_bundle(tmp_path):
+    """A bundle converted with --input-format NHWC takes NHWC arrays; the ONNX reference takes NCHW.
+    compare() must feed each the layout it reads, so the verdict compares like with like."""
+    import importlib.util
+
+    import onnx
+
+    import npu_deploy
+    from npu_deploy.runtime.compare import compare
+
+    spec = importlib.util.spec_from_file_location(
+        "make_example", Path(__file__).resolve().parents[2] / "examples" / "make_example.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    src = tmp_path / "example.onnx"
+    onnx.save(mod.build(1), src)
+    bundle = tmp_path / "nhwc.bundle"
+    npu_deploy.convert(src, output=bundle, backend="builtin", input_format="NHWC",
+                       precision_mode="must_keep_origin_dtype")
+    x_nchw = np.random.default_rng(3).standard_normal((1, 3, 64, 64)).astype(np.float32)
+    res = compare(src, bundle, inputs={"x": x_nchw.transpose(0, 2, 3, 1)})
+    assert res, res.verdict()
+    assert res.outputs[0].max_abs is not None and res.outputs[0].max_abs < 1e-4
+    # and the NCHW array itself is refused by the NHWC bundle, not silently compared
+    with pytest.raises(npu_deploy.InputError):
+        compare(src, bundle, inputs={"x": np.ascontiguousarray(x_nchw[:, :, :3, :])})

@@ -204,3 +204,75 @@ def test_profile_skips_non_tasks(tmp_path):
     model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
     man = {"node_formats": {"k0": {"folded": True}}, "cost": {"est_us": {"add": 2.0, "view": 0.0}}}
     assert [r["type"] for r in profile_rows(man, model)] == ["Add"]
+
+
+# ---------------------------------------------------------------------- channels-last host inputs
+def _nhwc_bundle(tmp_path, c_in=3, device_format="NHWC", graph_format="NCHW", name="nhwc.bin"):
+    model, _ = conv_model(c_in=c_in)
+    entry = io_entry("x", [1, 6, 6, c_in], fmt="NHWC")
+    entry.update(graph_format=graph_format, graph_shape=[1, c_in, 6, 6])
+    if device_format != "NHWC":  # the device holds the padded layout, packed from NHWC at the transfer
+        entry.update(device_format=device_format, c0=16,
+                     device_shape=[1, 1, 6, 6, 16])
+    path = make_bundle(tmp_path / name, model, inputs=[entry], outputs=[io_entry("y", [1, 8, 6, 6], fmt="NCHW")],
+                       packed={"W": ("FRACTAL_Z", {"c0": 16})})
+    return path, model
+
+
+def test_nhwc_input_converted_to_the_graph_layout_during_h2d(tmp_path, monkeypatch):
+    from npu_deploy.converters import formats
+
+    path, model = _nhwc_bundle(tmp_path)
+    x = np.random.default_rng(5).standard_normal((1, 3, 6, 6)).astype(np.float32)
+    x_nhwc = np.ascontiguousarray(x.transpose(0, 2, 3, 1))
+    phase, calls = [], []
+    real_unpack = formats.unpack
+
+    def spy(phys, fmt, shape, **kw):
+        calls.append((phase[-1] if phase else None, fmt, tuple(shape), kw.get("origin")))
+        return real_unpack(phys, fmt, shape, **kw)
+
+    monkeypatch.setattr(formats, "unpack", spy)
+    with EmulatorBackend(path, record_device_buffers=True) as b:
+        (m,) = b.get_inputs()
+        assert (m.shape, m.format, m.device_format, m.device_shape) == ((1, 6, 6, 3), "NHWC", "NHWC", (1, 6, 6, 3))
+        real_phase = b._phase
+
+        def tracking(name):
+            phase.append(name)
+            return real_phase(name)
+
+        b._phase = tracking
+        calls.clear()  # activation unpacked the weights
+        (y,), t = b.run_timed(None, {"x": x_nhwc})
+        assert b.last_device_buffers["x"] is x_nhwc  # the device receives the compact NHWC array
+    np.testing.assert_array_equal(y, ort_run(model, {"x": x})[0])
+    assert calls == [("h2d", "NHWC", (1, 3, 6, 6), "NCHW")]  # one exact copy, through the format core
+    assert t.h2d > 0
+
+
+def test_nhwc_input_with_one_channel_is_a_free_view(tmp_path):
+    path, model = _nhwc_bundle(tmp_path, c_in=1)
+    b = EmulatorBackend(path)
+    x = np.random.default_rng(6).standard_normal((1, 6, 6, 1)).astype(np.float32)
+    g = b._in_transfers["x"].to_graph(x)
+    assert g.shape == (1, 1, 6, 6) and np.shares_memory(g, x)
+    with b:
+        (y,) = b.run(None, {"x": x})
+    np.testing.assert_array_equal(y, ort_run(model, {"x": x.transpose(0, 3, 1, 2)})[0])
+
+
+def test_nhwc_host_with_padded_device_layout(tmp_path):
+    """Host NHWC, device NC1HWC0 (packed from NHWC at the transfer), graph NCHW."""
+    path, model = _nhwc_bundle(tmp_path, device_format="NC1HWC0")
+    x = np.random.default_rng(8).standard_normal((1, 3, 6, 6)).astype(np.float32)
+    with EmulatorBackend(path, record_device_buffers=True) as b:
+        (y,) = b.run(None, {"x": x.transpose(0, 2, 3, 1)})
+        np.testing.assert_array_equal(b.last_device_buffers["x"], nc1hwc0_oracle(x, 16))
+    np.testing.assert_array_equal(y, ort_run(model, {"x": x})[0])
+
+
+def test_nhwc_input_with_a_graph_format_of_other_axes_is_refused(tmp_path):
+    path, _ = _nhwc_bundle(tmp_path, graph_format="NCDHW")
+    with pytest.raises(BundleError, match="cannot be read as graph format NCDHW"):
+        EmulatorBackend(path)
