@@ -295,6 +295,30 @@ def run(cases: dict, reps: int) -> list[dict]:
     return rows
 
 
+def aggregate(rounds: list[list[dict]]) -> list[dict]:
+    """Per case and direction, the median of every figure over the rounds (whole-benchmark repeats,
+    minutes apart: the machine load changes between them), plus the min and max of the 1-thread
+    ratios."""
+    out = []
+    for cells in zip(*rounds):
+        row = dict(cells[0])
+        for k, v in cells[0].items():
+            if isinstance(v, float):
+                row[k] = float(np.median([c[k] for c in cells]))
+        for k in ("fast1_vs_copy", "nokernel1_vs_copy"):
+            row[k + "_range"] = (min(c[k] for c in cells), max(c[k] for c in cells))
+        row["rounds"] = len(cells)
+        out.append(row)
+    return out
+
+
+def _pct_range(r: dict, key: str) -> str:
+    lo, hi = r.get(key + "_range", (r[key], r[key]))
+    if r.get("rounds", 1) <= 1:
+        return f"{100 * r[key]:.0f} %"
+    return f"{100 * r[key]:.0f} % ({100 * lo:.0f}–{100 * hi:.0f})"
+
+
 def machine() -> str:
     cpu = platform.processor() or platform.machine()
     try:
@@ -315,11 +339,14 @@ def machine() -> str:
 
 
 def markdown(rows: list[dict], info: str, reps: int) -> str:
+    n_rounds = rows[0].get("rounds", 1) if rows else 1
     lines = [
         "## Formats: pack / unpack throughput",
         "",
-        f"`python benchmarks/bench_formats.py --write` ({datetime.date.today().isoformat()}, best of "
-        f"{reps} interleaved runs). Machine: {info}.",
+        f"`python benchmarks/bench_formats.py --write --rounds {n_rounds}` "
+        f"({datetime.date.today().isoformat()}, best of {reps} interleaved runs per round; every figure "
+        f"is the median over {n_rounds} round(s), the 1-thread columns give the range across rounds "
+        f"in brackets). Machine: {info}.",
         "",
         "GB/s count the bytes moved (the larger of logical and storage size); \"% of copy\" is "
         "`np.copyto` of the same bytes between preallocated buffers, timed in the same loop. "
@@ -344,7 +371,7 @@ def markdown(rows: list[dict], info: str, reps: int) -> str:
             f"| {r['case']} {list(r['shape'])} | {r['direction']} | {r['mib']:.1f} | "
             f"{r['path']} ({r['path_off']}) | {r['copy_gbs']:.2f} | "
             f"{r['fast_gbs']:.2f} | {100 * r['fast_vs_copy']:.0f} % | {r['fast_vs_naive']:.1f}× | "
-            f"{100 * r['fast1_vs_copy']:.0f} % | {100 * r['nokernel1_vs_copy']:.0f} % | "
+            f"{_pct_range(r, 'fast1_vs_copy')} | {_pct_range(r, 'nokernel1_vs_copy')} | "
             f"{100 * r['derived_vs_copy']:.0f} % | {100 * r['naive_vs_copy']:.0f} % | "
             f"{100 * r['fast_cpu_vs_copy']:.0f} / {100 * r['fast1_cpu_vs_copy']:.0f} / "
             f"{100 * r['nokernel1_cpu_vs_copy']:.0f} / {100 * r['derived_cpu_vs_copy']:.0f} / "
@@ -355,6 +382,8 @@ def markdown(rows: list[dict], info: str, reps: int) -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--reps", type=int, default=15)
+    ap.add_argument("--rounds", type=int, default=3,
+                    help="repeat the whole measurement; report medians and the 1-thread range")
     ap.add_argument("--quick", action="store_true", help="small tensors (smoke run)")
     ap.add_argument("--write", action="store_true", help="write benchmarks/README-formats.md")
     args = ap.parse_args(argv)
@@ -363,7 +392,11 @@ def main(argv: list[str] | None = None) -> int:
     kinfo = kernel_first_use()
     print(kinfo)
     info += "; " + kinfo
-    rows = run(QUICK if args.quick else CASES, args.reps)
+    rounds = []
+    for i in range(max(1, args.rounds)):
+        print(f"-- round {i + 1} of {max(1, args.rounds)}", flush=True)
+        rounds.append(run(QUICK if args.quick else CASES, args.reps))
+    rows = aggregate(rounds)
     if hasattr(os, "getloadavg"):
         info += "; at end " + ", ".join(f"{v:.2f}" for v in os.getloadavg())
     text = markdown(rows, info, args.reps)
@@ -380,9 +413,10 @@ NOTES = """
 *fast* uses the default thread count (`min(cores, 8)` for copies of at least 4 MiB, decided by size
 only, never by the momentary load); *1-thread* is the same with `NPU_DEPLOY_THREADS=1`. The load
 average is printed above: other jobs shared this 2-core VM, so the wall-clock figures vary from run
-to run by ±10–15 points, and with a busy second core two threads are no faster than one (the helper
-thread waits for a CPU). The single-thread and CPU-time columns are the more reproducible ones;
-compare *fast 1-thread* (compiled kernel) with *no kernel 1-thread* (the previous paths).
+to run by ±10–15 points (hence the rounds and the ranges), and with a busy second core two threads
+are no faster than one (the helper thread waits for a CPU). The single-thread and CPU-time columns
+are the more reproducible ones; compare *fast 1-thread* (compiled kernel) with *no kernel 1-thread*
+(the previous paths).
 
 ### How the fast path works
 
@@ -392,19 +426,32 @@ then the tail) and copy each piece between two strided views, straight into the 
 padding). `converters/_fastcopy.py` speeds up each piece copy. After merging axes and widening
 C0 rows that are contiguous on both sides into one wide element, it tries in order:
 
-* **the compiled kernel** (`converters/_copykernel.c`, ~180 lines of C99, SSE2 only, which every
+* **the compiled kernel** (`converters/_copykernel.c`, ~290 lines of C99, SSE2 only, which every
   x86-64 has; plain C elsewhere). Built at first use with the system compiler (`cc`/`gcc` on `PATH`,
   `-O3 -shared -fPIC`, no `-march`), into `$NPU_DEPLOY_CACHE/kernels/` or
   `~/.cache/npu-deploy/kernels/` under a name hashing the source, the compiler version, the flags
   and the platform; written to a temporary file and renamed, loaded with `ctypes` (which releases
-  the GIL, so our thread pool splits the outermost axis). First use costs 0.4–0.7 s of compilation,
-  later processes 3–9 ms to load it. It copies the destination's inner axis against the source's
-  inner axis in cache tiles (≤ 1 KiB × 4 KiB, ≤ 256 KiB), 2-byte elements with SSE2 8×8
-  transposes, the other axes looped over in C; a run contiguous on both sides is one `memcpy`.
+  the GIL, so our thread pool splits an outer axis). First use costs 0.4–0.7 s of compilation,
+  later processes 3–9 ms to load it. Two entry points:
+  * `npd_tile3` for copies between many small contiguous blocks and long contiguous runs, which
+    `_fastcopy._tile3_plan` recognises from the strides alone (no format names): on one side one
+    contiguous `A x B` block per r, on the other one contiguous run of `R·A` per b. FRACTAL_Z from
+    NCHW is exactly this (per n one `C0 x H·W` block, 288 bytes for 3×3 fp16; per h·w one run of
+    `N·C0`); pack and unpack are the two directions. Per block one in-cache transpose (SSE2 8×8
+    blocks for 2-byte elements; a ragged H·W edge gathered 8 elements at a time on pack and covered
+    by an overlapping block on unpack), no tile bookkeeping, and a software prefetch of the block
+    side 8 rows ahead (pack: read) or 4 rows ahead (unpack: for writing): the blocks are 18 KiB
+    apart, which the hardware prefetchers do not follow. Serves the full-C0 pieces of FRACTAL_Z for
+    any dtype and H·W ≥ 2 (C04 and grouped layouts have other strides and use the generic entry);
+  * `npd_copy` for everything else: the destination's inner axis against the source's inner axis
+    in cache tiles (≤ 1 KiB × 4 KiB, ≤ 256 KiB), 2-byte elements with SSE2 8×8 transposes, the
+    other axes looped over in C; a run contiguous on both sides is one `memcpy`.
+
   The Python wrapper checks that every byte each call can touch (from shape × strides) lies inside
-  both arrays before calling it. Any failure (no compiler, compile error, load error, read-only or
-  foreign-owned cache) is remembered once and the paths below are used; `_fastcopy.kernel_info()`
-  says why. `NPU_DEPLOY_KERNEL=0` turns it off. It serves all six cases above;
+  both arrays before calling; `npd_tile3` also re-checks its stride structure and refuses (-1)
+  anything else. Any failure (no compiler, compile error, load error, read-only or foreign-owned
+  cache) is remembered once and the paths below are used; `_fastcopy.kernel_info()` says why.
+  `NPU_DEPLOY_KERNEL=0` turns it off. It serves all six cases above;
 * without it: **wide units** moved by numpy (FRACTAL_NZ pack: a `[M, N1] -> [N1, M]` transpose of
   32-byte units), the **staged transpose** (FRACTAL_NZ unpack: 512 KiB tiles read with long runs
   into a per-thread scratch, transposed in cache), **onnxruntime Transpose** (NC1HWC0: per (n, c1)
@@ -419,29 +466,37 @@ fallback paths' scratch tiles (≤ 2 MiB per thread) are allocated on first use 
 
 ### What reaches 50 %, what does not, and why
 
-In the run above (load ≈ 3, second core busy), on one thread: **NC1HWC0 pack 75 % and unpack 90 %
-of copy bandwidth (49 % and 75 % without the kernel), FRACTAL_NZ pack 51 % and unpack 50 % (54 % and
-48 % without: a tie within the noise; the kernel is used for both), FRACTAL_Z pack 31 % and unpack
-39 % (19 % and 21 % without, 15–20 % derived): FRACTAL_Z does not reach 50 %.** Across the runs of
-this session (load 2–4) the single-thread kernel figures ranged NC1HWC0 51–96 % / 68–100 %,
-FRACTAL_NZ 35–62 % / 37–67 %, FRACTAL_Z 24–41 % / 21–56 %. In every interleaved comparison the
-kernel was ahead of the previous paths for NC1HWC0 (+10–30 points) and FRACTAL_Z (+5–20 points)
-and level with them for FRACTAL_NZ (±5 points either way).
+Single thread, medians of the 5 rounds above (range in brackets), % of `np.copyto`:
 
-Why FRACTAL_Z stops at ~40 %: it is an element-granular transpose of tiny `C0 x H·W = 16 × 9`
-tiles (per (c1, n) one 9-row tile; the destination rows of a tile are 32 KiB apart), so the kernel
-is compute-bound, not bandwidth-bound: measured in cache (no memory traffic) it needs 0.30 ns per
-fp16 element (two SSE2 8×8 transposes plus a scalar ninth row per tile), 0.22 ns when the
-destination stride is moved off a 4 KiB multiple (4K aliasing; the format fixes the stride),
-while `np.copyto` moves a 2-byte element in ~0.2 ns on this machine. Reaching 50 % on one core would
-take wider vectors (AVX2 needs `-march`/runtime dispatch, excluded to keep the cached object
-portable) or a second idle core (the wall-clock *fast* column with two threads).
+* **NC1HWC0: pack 85 % (74–91), unpack 80 % (76–93): reaches 50 %** (without the kernel 60 / 67 %).
+* **FRACTAL_Z: pack 56 % (50–58), unpack 59 % (50–62): reaches 50 %, narrowly** — every round was
+  at or above 50 %, the margin is small. Before `npd_tile3` (the generic kernel, previous README):
+  31 % / 39 %; without any kernel 25 % / 23 %, derived 18 % / 21 %. Calling the C entry points
+  directly on the benchmark layout, interleaved in one process (medians of 5 rounds × 20 runs, two
+  processes): the generic kernel as it was before this change 37 % / 36–39 %, `npd_tile3`
+  61–62 % / 61–67 % (single rounds from 47 % to 81 %). The in-package figure is lower: ~0.3 ms of
+  Python per call (`formats`' piece planning, the wrapper's checks) on a ~3.5 ms copy, and the
+  C time itself varies between processes with the arrays' memory state (2.3 ms in one process,
+  3.4 ms in another for the same call: the blocks are a page apart, so the TLB matters).
+* **FRACTAL_NZ: pack 53 % (46–58), unpack 52 % (41–54): at the line, not reliably above it** —
+  individual rounds fall below 50 %. Without the kernel 56 % (47–65) / 46 % (33–48): for NZ pack the
+  previous numpy wide-unit path is level with the kernel (within the noise), not behind it. NZ is a
+  `[M, N1] -> [N1, M]` transpose of 32-byte units whose rows are 4 KiB / 128 KiB apart, so both the
+  source column and the destination rows alias to the same L1 sets; untouched in this round of work.
 
-Tried and rejected for the kernel (same session, FRACTAL_Z unless said): staging batches of tiles
-through a 16 KiB L1 tile so one side moves as long runs (20–23 % vs 28 %); blocking the outer
-axes around the small tiles (no change); non-temporal SSE2 stores (2–10× slower); overlapping 8×8
-blocks instead of the scalar ninth row (no change); the other outer-loop order (unpack 17 % vs
-44 %); tile sizes from 128 B to 4 KiB per side for NZ (all within the noise, 50–66 %).
+What `npd_tile3` changed for FRACTAL_Z, each measured interleaved against the alternatives in one
+process: one transpose per block without the generic tile loops (+3–12 points); the gathered
+ninth row on pack (+3–10 points over a scalar row or an overlapping block); software prefetch of
+the block side (pack +10, unpack +5 points; distances 4, 8 and 16 tried).
+
+Tried and rejected (this session, FRACTAL_Z unless said): staging tiles of r rows (16–64) through
+an L1 buffer and writing 512-byte runs with `memcpy` (−10 to −40 points); the same with non-temporal
+stores (full 64-byte lines: −10 to −40 points; in place, partial lines: 4× slower); AVX2 16×8
+transposes with run-time dispatch (`target("avx2")` + `__builtin_cpu_supports`): at most 10 %
+faster in cache, 10–20 points slower in memory on this CPU, not kept; n-tiles outside the c1 loop, and c1 blocks
+inside the n loop (both −10 to −30 points: more pages touched per step). Earlier (generic kernel):
+blocking the outer axes (no change); the other outer-loop order (unpack 17 % vs 44 %); NZ tile sizes
+from 128 B to 4 KiB per side (all within the noise, re-checked this session: 37–45 %).
 Rejected before (without the kernel): onnxruntime for FRACTAL_NZ (13–15 %) and for FRACTAL_Z in one
 4-D Transpose (2–3 %); onnxruntime's own intra-op threads; `np.take` gathers of 32-byte blocks
 (~27 %); `complex128` two-lane NZ rows (20–37 %); NZ tiles along N1 (11–19 %); numpy for the element

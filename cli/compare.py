@@ -21,7 +21,7 @@ from npu_deploy.errors import InputError
               help="Share of elements allowed outside --atol/--rtol (default 0; 0.001 for float16 models).")
 @click.option("--input", "inputs", multiple=True, metavar="NAME=FILE",
               help="An input (.npy, or raw .bin shaped by the model). Repeatable. Others are generated.")
-@click.option("--seed", type=int, default=0, show_default=True, help="Seed for generated inputs.")
+@click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True, help="Seed for generated inputs.")
 @click.option("--input-shape", default=None, metavar="NAME:DIMS;...",
               help="Concrete shapes for dynamic inputs, e.g. 'x:1,3,640,640'.")
 @click.option("--save-inputs", type=click.Path(dir_okay=False), default=None,
@@ -31,7 +31,7 @@ from npu_deploy.errors import InputError
 @click.option("--output", "output_names", multiple=True, metavar="NAME",
               help="Compare only this output (repeatable). Default: all.")
 @click.option("--backend", type=click.Choice(["auto", "emulator", "acl"]), default="auto", show_default=True)
-@click.option("--device", "device_id", type=int, default=0, show_default=True)
+@click.option("--device", "device_id", type=click.IntRange(min=0), default=0, show_default=True)
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None,
               help="Write the metrics and verdict as JSON.")
 @click.pass_context

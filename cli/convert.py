@@ -86,6 +86,11 @@ def command(model, output, backend, soc, input_shape, input_format, dynamic_batc
         keep_dtype=[k for k in (keep_dtype or "").split(",") if k.strip()] or None,
         enable_small_channel=enable_small_channel, atc_args=atc_args, timeout=timeout, report=report,
         progress=progress, atc=atc_path)
+    if result.backend != "atc":
+        unused = [opt for opt, v in (("--atc-arg", atc_args), ("--timeout", timeout), ("--atc", atc_path)) if v]
+        if unused:
+            click.echo(f"npu-deploy: warning: {', '.join(unused)} only apply to the ATC backend; the built-in "
+                       f"lowering ran and ignored {'it' if len(unused) == 1 else 'them'}", err=True)
     if not quiet:
         click.echo(f"backend: {result.backend} ({result.backend_reason})")
         click.echo(f"op support: {result.support['verdict']}")

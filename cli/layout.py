@@ -180,8 +180,10 @@ def convert(in_path, out_path, src, dst, shape_text, dtype_text, c0, groups, ori
                               f"out: {f.note}", hint="use one of the formats `npu-deploy layout info` accepts")
     dtype = formats.normalize_dtype(dtype_text) if dtype_text else None
     shape = _shape(shape_text)
-    if origin is None:
-        origin = formats.transdata_origin(sf, df)
+    if origin is None and any(f.plain and f.name != "ND" for f in (sf, df)):
+        origin = formats.transdata_origin(sf, df)  # the labelled plain side (NCHW, NHWC, ...) says it
+    # else (ND <-> a device format, or device <-> device) the rank picks the layout, as `layout info`
+    # does: a 2-D ND matrix goes to FRACTAL_Z's 2-D (K, N) form, not to a conv weight [1, K, N, 1]
     # C0 of IN when it is a flat raw dump (a storage-shaped .npy carries its own C0)
     in_c0 = src_c0 if src_c0 is not None else (c0 if sf.blocked and not df.blocked else None)
     expected = None
@@ -200,7 +202,9 @@ def convert(in_path, out_path, src, dst, shape_text, dtype_text, c0, groups, ori
     except FormatError as e:
         raise FormatError(f"{in_path}: {e.message}", hint=e.hint) from None
     _write_output(out_path, out)
-    click.echo(f"{in_path} ({sf.name} {list(arr.shape)}) -> {out_path} ({df.name} {list(out.shape)} "
+    src_desc = f"raw dump, {arr.nbytes:,} bytes" if arr.ndim == 1 and in_path.suffix.lower() != ".npy" \
+        else str(list(arr.shape))
+    click.echo(f"{in_path} ({sf.name} {src_desc}) -> {out_path} ({df.name} {list(out.shape)} "
                f"{out.dtype.name}, {out.nbytes:,} bytes)")
 
 

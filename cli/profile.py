@@ -82,7 +82,8 @@ def analyze(ctx, path, threshold, include_transpose, json_path, html_path, fail_
 @click.option("--output-dir", "-o", type=click.Path(file_okay=False), default="npu-deploy-profile",
               show_default=True, help="Where the profile folder (PROF_*) is written.")
 @click.option("--input-shape", default=None, metavar="NAME:DIMS;...",
-              help="Fix dynamic input dimensions (default: first gear, else 1).")
+              help="Fix dynamic input dimensions: needed to convert an ONNX model with dynamic dims; "
+                   "a bundle runs at these shapes, else its first gear, other dynamic dims as 1.")
 @click.option("--loops", type=click.IntRange(1, 1000), default=1, show_default=True, help="Profiled runs.")
 @click.option("--msprof/--emulator", "use_msprof", default=None,
               help="Force msprof (an Ascend host) or the emulator's estimated profile (default: msprof when on PATH).")

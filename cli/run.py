@@ -134,7 +134,7 @@ def build_feeds(metas, inputs: tuple[str, ...], input_dir: str | None, pure_data
         elif m.dtype.kind in "iu":
             feeds[m.name] = rng.integers(0, 2, size=shape).astype(m.dtype)
         elif m.dtype.kind == "b":
-            feeds[m.name] = rng.random(shape) < 0.5
+            feeds[m.name] = np.asarray(rng.random(shape) < 0.5)  # 0-d: an array, not a numpy scalar
         else:
             raise InputError(f"input {m.name!r}: cannot generate {m.dtype} data", hint="give it with --input")
     return feeds
@@ -156,9 +156,15 @@ def save_outputs(out_dir: str, names: list[str], outs: list[np.ndarray], outfmt:
     except OSError as e:
         raise InputError(f"cannot create output folder {d}: {e.strerror}") from e
     written = []
+    taken: set[str] = set()
     for name, arr in zip(names, outs):
         safe = name.replace("/", "_").replace(":", "_")
-        path = d / f"{safe}.{outfmt}"
+        stem, k = safe, 1
+        while stem.lower() in taken:  # "a/b" and "a_b" must not land in one file
+            k += 1
+            stem = f"{safe}_{k}"
+        taken.add(stem.lower())
+        path = d / f"{stem}.{outfmt}"
         with atomic_path(path) as tmp:
             with open(tmp, "wb") as f:
                 if outfmt == "npy":
@@ -194,11 +200,11 @@ def save_outputs(out_dir: str, names: list[str], outs: list[np.ndarray], outfmt:
               show_default=True, help="Output file format.")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None,
               help="Write the measured numbers, model, backend, shapes and versions as JSON.")
-@click.option("--device", "device_id", type=int, default=0, show_default=True, help="Device id (.om only).")
+@click.option("--device", "device_id", type=click.IntRange(min=0), default=0, show_default=True, help="Device id (.om only).")
 @click.option("--backend", type=click.Choice(["auto", "emulator", "acl"]), default="auto", show_default=True)
 @click.option("--profile", "profile_dir", type=click.Path(file_okay=False), default=None,
               help="Write an msprof-style profile folder here (estimated on the emulator).")
-@click.option("--seed", type=int, default=0, show_default=True, help="Seed for --pure-data random.")
+@click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True, help="Seed for --pure-data random.")
 @click.pass_context
 def command(ctx, model, inputs, input_dir, pure_data, loop, warmup, batch_size, input_shape, output_size,
             output_dir, outfmt, json_path, device_id, backend, profile_dir, seed):
@@ -220,6 +226,10 @@ def command(ctx, model, inputs, input_dir, pure_data, loop, warmup, batch_size, 
         raise InputError(f"--batch-size {batch_size}: must be at least 1")
     shapes = parse_input_shapes(input_shape, option="--input-shape")
     sizes = parse_int_list(output_size, option="--output-size")
+    if json_path is not None:  # before the runs, not after minutes of them
+        from npu_deploy._io import _check_dest
+
+        _check_dest(Path(json_path))
     outfmt = outfmt.lower()
     with InferenceSession(model, device_id=device_id, backend=backend, profile=profile_dir is not None,
                           profile_dir=profile_dir) as sess:

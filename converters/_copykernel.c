@@ -10,6 +10,9 @@
  *                     unit strides use an SSE2 8x8 transpose where available).
  * All other axes are looped over outermost (axis 0 slowest).  The caller (Python) checks that every
  * byte touched lies inside both buffers before calling.  Returns 0, or -1 on invalid arguments.
+ *
+ * npd_tile3(dst, src, nd, shape, dst_strides, src_strides, elsize, dir): small contiguous blocks
+ * <-> long contiguous runs (FRACTAL_Z from NCHW and back); see its comment further down.
  */
 #include <stdint.h>
 #include <string.h>
@@ -216,11 +219,30 @@ int npd_copy(char *dst, const char *src, int nd, const i64 *shape, const i64 *ds
  *   the "run" side has a unit-strided and r stride A*elsize: per b one contiguous run of R*A.
  * dir 0: src is the block side, dst the run side (FRACTAL_Z pack: per n one C0 x H*W block of the
  * NCHW weight, per h*w one run of N*C0); dir 1: the reverse (unpack).  Per r one A x B <-> B x A
- * transpose (SSE2 8x8 blocks for 2-byte elements), walked without the generic kernel's tile loops.
- * (Measured and rejected: staging R-tiles through an L1 buffer, AVX2 16x8 transposes, software
- * prefetch of the next rows: all slower or within the noise on the benchmark machine.)
+ * transpose (SSE2 8x8 blocks for 2-byte elements), walked without the generic kernel's tile loops,
+ * with a software prefetch of the block side a few rows ahead.  (Measured and rejected on the
+ * benchmark machine: staging r-tiles through an L1 buffer, with memcpy or non-temporal stores;
+ * AVX2 16x8 transposes; n-tiles outside the c1 loop: all slower or within the noise.)
  * Returns 0, or -1 when the strides do not have this structure.
  */
+#define NPD_T3_READ_AHEAD 8     /* rows; measured on FRACTAL_Z [1024, 1024, 3, 3] fp16: pack +10 points */
+#define NPD_T3_WRITE_AHEAD 4    /* rows; unpack +5 points (4, 8 and 16 tried) */
+
+/* software prefetch of the n bytes at p (the block rows are a page or more apart: the hardware
+ * prefetchers do not follow them) */
+static inline void npd_prefetch(const char *p, i64 n, int write) {
+#if defined(__GNUC__)
+    for (i64 o = 0; o < n; o += 64) {
+        if (write) __builtin_prefetch(p + o, 1);
+        else __builtin_prefetch(p + o, 0);
+    }
+    if (write) __builtin_prefetch(p + n - 1, 1);
+    else __builtin_prefetch(p + n - 1, 0);
+#else
+    (void)p; (void)n; (void)write;
+#endif
+}
+
 int npd_tile3(char *dst, const char *src, int nd, const i64 *shape, const i64 *ds, const i64 *ss, i64 es,
               int dir) {
     if (nd < 3 || nd > NPD_MAXND || es < 1 || (dir != 0 && dir != 1)) return -1;
@@ -232,18 +254,23 @@ int npd_tile3(char *dst, const char *src, int nd, const i64 *shape, const i64 *d
     const i64 *bs = dir == 0 ? ss : ds;      /* block side strides */
     const i64 *rs = dir == 0 ? ds : ss;      /* run side strides */
     if (bs[nd - 1] != es || bs[nd - 2] != B * es || rs[nd - 2] != es || rs[nd - 3] != A * es) return -1;
-    i64 rstride = bs[nd - 3], bstride = rs[nd - 1];
+    i64 rstride = bs[nd - 3], bstride = rs[nd - 1], blk = A * B * es;
     int no = nd - 3;
     i64 idx[NPD_MAXND] = {0};
     char *d = dst;
     const char *s = src;
     for (;;) {
-        if (dir == 0)       /* run[b][r*A + a] = blk_r[a][b] */
-            for (i64 r = 0; r < R; r++)
+        if (dir == 0) {     /* run[b][r*A + a] = blk_r[a][b]; prefetch the source block 8 rows ahead */
+            for (i64 r = 0; r < R; r++) {
+                if (r + NPD_T3_READ_AHEAD < R) npd_prefetch(s + (r + NPD_T3_READ_AHEAD) * rstride, blk, 0);
                 tile_copy(d + r * A * es, s + r * rstride, B, A, bstride, es, es, B * es, es);
-        else                /* blk_r[a][b] = run[b][r*A + a] */
-            for (i64 r = 0; r < R; r++)
+            }
+        } else {            /* blk_r[a][b] = run[b][r*A + a]; prefetch (for writing) the block 4 rows ahead */
+            for (i64 r = 0; r < R; r++) {
+                if (r + NPD_T3_WRITE_AHEAD < R) npd_prefetch(d + (r + NPD_T3_WRITE_AHEAD) * rstride, blk, 1);
                 tile_copy(d + r * rstride, s + r * A * es, A, B, B * es, es, es, bstride, es);
+            }
+        }
         int k = no - 1;
         for (; k >= 0; k--) {
             if (++idx[k] < shape[k]) {

@@ -172,6 +172,12 @@ def inspect(path: str | os.PathLike, *, soc: str | None = None, ops: bool = Fals
     ('Ascend310P3', '2.0')
     """
     kind = detect_kind(path)
+    planning = [opt for opt, v in (("--precision-mode", precision_mode), ("--input-shape", input_shapes),
+                                   ("--dynamic-batch", dynamic_batch)) if v]
+    if planning and soc is None:  # they only shape the --soc plan: never ignore them silently
+        raise InputError(f"{', '.join(planning)} {'applies' if len(planning) == 1 else 'apply'} only with --soc "
+                         f"(shaping the planned layouts)",
+                         hint="add --soc SOC, e.g. --soc Ascend310P3, or drop them")
     if soc is not None and kind != "onnx":
         raise InputError(f"--soc applies to ONNX models; {path} is {'an' if kind == 'om' else 'a'} {kind} "
                          "(its SoC is recorded in the file)", hint="drop --soc")
@@ -473,13 +479,27 @@ def _inspect_bundle(path: Path, *, ops: bool, layers: bool, verify: bool) -> Ins
           f"manifest {m_in}, graph {[n for n in g_in if n not in wnames]}")
     check("manifest outputs match the graph outputs", [t["name"] for t in outputs] == g_out,
           f"manifest {[t['name'] for t in outputs]}, graph {g_out}")
-    bad_io = [t["name"] for t in inputs + outputs
-              if not (isinstance(t.get("device_shape"), list) and t["device_shape"]
-                      and all(isinstance(d, int) and d > 0 for d in t["device_shape"])
-                      and isinstance(t.get("nbytes"), int) and t["nbytes"] > 0)]
+    def concrete(t: Mapping) -> bool:
+        # a scalar's device shape is [] (one element); a tensor with a 0 dimension holds 0 bytes
+        shape = t.get("device_shape")
+        if not (isinstance(shape, list) and all(isinstance(d, int) and d >= 0 for d in shape)):
+            return False
+        n = t.get("nbytes")
+        return isinstance(n, int) and (n > 0 if all(d > 0 for d in shape) else n == 0)
+
+    bad_io = [t["name"] for t in inputs + outputs if not concrete(t)]
     check("every input/output has a concrete device shape and a positive byte size", not bad_io,
           f"not so for {bad_io[:5]}")
-    used = {i for n in g.node for i in n.input} | set(g_in) | init
+    def node_inputs(graph) -> set[str]:  # subgraph bodies (If/Loop/Scan) read outer weights too
+        names = set()
+        for n in graph.node:
+            names.update(n.input)
+            for a in n.attribute:
+                for sg in ([a.g] if a.HasField("g") else []) + list(a.graphs):
+                    names |= node_inputs(sg)
+        return names
+
+    used = node_inputs(g) | set(g_in) | set(g_out) | init
     unused = sorted(wnames - used)
     check("every stored weight is used by the graph", not unused, f"unused: {unused[:5]}")
     mem = _get(m, "memory", Mapping, {})

@@ -205,12 +205,13 @@ def load_model(path: str | os.PathLike, *, input_shapes: Mapping[str, Sequence[i
         raise ModelError(f"{p}: not an ONNX model (no graph or IR version)",
                          hint="check the file is a complete .onnx export")
     _check_external(model, p)
+    inlined = _inline_small_external(model, p)
     _check_structure(model.graph, p)
     _check_io_types(model.graph, p)
     warnings: list[str] = []
     if check:
         try:
-            onnx.checker.check_model(str(p), full_check=True)
+            _full_check(model, p, inlined)
         except onnx.checker.ValidationError as e:
             raise ModelError(f"{p}: invalid ONNX model: {_first_line(e)}",
                              hint="fix the export (onnx.checker rejects it)") from None
@@ -283,6 +284,9 @@ def load_model(path: str | os.PathLike, *, input_shapes: Mapping[str, Sequence[i
                          hint="check --input-shape values") from None
 
     largest = max(gears, key=lambda g: sum(int(np.prod(s)) for s in g.values())) if gears else fixed
+    for gear in gears:  # the largest is inferred below (_all_shapes); every other gear must infer too
+        if gear is not largest:
+            _check_gear(inferred, p, gear)
     shapes, dtypes, unknown, why = _all_shapes(inferred, p, largest)
     if unknown:
         warnings.append(f"{len(unknown)} tensor(s) have data-dependent shapes (e.g. {unknown[0]!r}; {why}): "
@@ -523,6 +527,46 @@ def _check_external(model: onnx.ModelProto, p: Path) -> None:
                              hint="copy the complete data file next to the model")
 
 
+_INT_TYPES = (onnx.TensorProto.INT64, onnx.TensorProto.INT32, onnx.TensorProto.INT16, onnx.TensorProto.INT8,
+              onnx.TensorProto.UINT64, onnx.TensorProto.UINT32, onnx.TensorProto.UINT16, onnx.TensorProto.UINT8,
+              onnx.TensorProto.BOOL)
+
+
+def _full_check(model: onnx.ModelProto, p: Path, inlined: bool) -> None:
+    """``onnx.checker``'s full check. When shape tensors were read in from external data, the file's copy
+    would make its shape inference fail on them: check the structure on the file (external data is
+    resolved next to it), then run the same strict inference on the model in memory."""
+    if not inlined:
+        onnx.checker.check_model(str(p), full_check=True)
+        return
+    onnx.checker.check_model(str(p), full_check=False)
+    onnx.shape_inference.infer_shapes(model, check_type=True, strict_mode=True)
+
+
+def _inline_small_external(model: onnx.ModelProto, p: Path) -> bool:
+    """Read small integer tensors kept in external data (Reshape targets, Slice bounds, axes: what a
+    save with ``size_threshold=0`` puts outside) into the model: ONNX shape inference reads their
+    values and cannot read external data. Weights stay external. True when any was read."""
+    tensors: list[onnx.TensorProto] = list(model.graph.initializer)
+    for n in model.graph.node:
+        if n.op_type == "Constant":
+            tensors += [a.t for a in n.attribute if a.type == onnx.AttributeProto.TENSOR]
+    done = False
+    for t in tensors:
+        if t.data_location != onnx.TensorProto.EXTERNAL or t.data_type not in _INT_TYPES:
+            continue
+        shape = tuple(int(d) for d in t.dims)
+        if int(np.prod(shape, dtype=np.int64)) > 4096:
+            continue
+        ref = ConstantRef(t.name, _np_dtype(t.data_type), shape, "initializer", external=True)
+        arr = _read_external(t, p.parent, ref)
+        t.raw_data = arr.astype(arr.dtype.newbyteorder("<"), copy=False).tobytes()
+        del t.external_data[:]
+        t.data_location = onnx.TensorProto.DEFAULT
+        done = True
+    return done
+
+
 def _vi_shape(vi: onnx.ValueInfoProto) -> tuple[Shape, tuple[str | None, ...]]:
     tt = vi.type.tensor_type
     if not tt.HasField("shape"):
@@ -592,6 +636,30 @@ def _gears(fixed: dict[str, Shape], batch: Sequence[int] | None,
             gears.append({n: tuple(s) for n, s in gear.items()})
         return gears, "dims"
     return [], None
+
+
+def _check_gear(model: onnx.ModelProto, p: Path, gear: Mapping[str, Shape]) -> None:
+    """Strict shape inference at ``gear``, so a gear the model cannot run (a fixed Reshape, two inputs
+    whose dims must agree) is refused at conversion, not found at run time. Float weight bytes are
+    dropped from the copy: inference reads their dims, not their values."""
+    m = onnx.ModelProto()
+    m.CopyFrom(model)
+    for t in m.graph.initializer:
+        if t.data_type in _FLOAT_TYPES and len(t.raw_data) > 4096:
+            t.ClearField("raw_data")
+    init_names = {t.name for t in m.graph.initializer}
+    for i in m.graph.input:
+        if i.name in gear and i.name not in init_names:
+            _set_shape(i, gear[i.name], ())
+    try:
+        _infer_shapes(m, [])
+    except Exception as e:
+        raise ModelError(f"{p}: shape inference failed at gear {dict(gear)}: {_first_line(e)}",
+                         hint="check --input-shape / gear values") from None
+
+
+_FLOAT_TYPES = (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16,
+                onnx.TensorProto.DOUBLE)
 
 
 def _info(vi: onnx.ValueInfoProto, shape: Shape, names: Sequence[str | None]) -> TensorInfo:

@@ -1007,9 +1007,11 @@ def analyze_profile(path: str | os.PathLike, threshold: float | None = None,
         if e.path is not None:
             raise
         read = ", ".join(p.name for s in disc.used for p in s.paths[:3])
+        # the report (and so the CLI's warning lines) never comes: say here why rows were skipped
+        why = f"; {'; '.join(an.warnings[:2])}" if an.warnings else ""
         raise ProfileError(f"no device compute time found in {read} (every row was communication, skipped "
-                           "or zero)", path=str(path),
-                           hint="check the profile was captured with task-time on; see the warnings above") from e
+                           f"or zero){why}", path=str(path),
+                           hint="check the profile was captured with task-time on") from e
     if cross:
         pct = _op_statistic_transdata_pct(cross)
         if pct is not None:

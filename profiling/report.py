@@ -98,8 +98,9 @@ def render_text(r: ProfileReport, *, top: int = 10, width: int = 100) -> str:
     if r.devices:
         lines.append("")
         lines.append("Devices")
+        dw = max([12] + [len(str(d.device)) for d in r.devices])  # capture labels can be long paths
         for d in r.devices:
-            lines.append(f"  {d.device:<12} compute {fmt_us(d.compute_us):>10}  FormatTrans {d.share_pct:5.1f} %")
+            lines.append(f"  {str(d.device):<{dw}} compute {fmt_us(d.compute_us):>10}  FormatTrans {d.share_pct:5.1f} %")
     conv = [k for k in r.conversions if k.category in ("format", "layout")]
     casts = [k for k in r.conversions if k.category == "dtype"]
     if conv:

@@ -118,17 +118,19 @@ class CompareResult(Result):
 
     def table(self) -> str:
         """Per-output metrics as an aligned text table."""
-        head = (f"{'output':24s} {'shape':>18s} {'cosine':>10s} {'max_abs':>10s} {'max_rel':>10s} "
+        shapes = ["x".join(map(str, o.target_shape)) or "scalar" for o in self.outputs]
+        nw = max([24, *(len(o.name) for o in self.outputs)])  # whole names: two may share a long prefix
+        sw = max([18, *(len(s) for s in shapes)])
+        head = (f"{'output':{nw}s} {'shape':>{sw}s} {'cosine':>10s} {'max_abs':>10s} {'max_rel':>10s} "
                 f"{'rmse':>10s} {'outside':>9s} {'nan/inf':>9s}  result")
         lines = [head]
 
         def f(v, spec=".3e"):
             return "-" if v is None else format(v, spec)
 
-        for o in self.outputs:
-            shape = "x".join(map(str, o.target_shape)) or "scalar"
+        for o, shape in zip(self.outputs, shapes):
             naninf = f"{o.nan_target}/{o.inf_target}"
-            lines.append(f"{o.name[:24]:24s} {shape:>18s} {f(o.cosine, '.6f'):>10s} {f(o.max_abs):>10s} "
+            lines.append(f"{o.name:{nw}s} {shape:>{sw}s} {f(o.cosine, '.6f'):>10s} {f(o.max_abs):>10s} "
                          f"{f(o.max_rel):>10s} {f(o.rmse):>10s} {o.outside_share * 100:8.3f}% {naninf:>9s}  "
                          + ("ok" if o.passed else "FAIL " + o.reason))
         return "\n".join(lines)
@@ -228,7 +230,7 @@ def generate_inputs(metas: Sequence[Any], *, seed: int = 0,
         else:
             raise InputError(f"input {m.name!r}: cannot generate data of dtype {dtype}",
                              hint="give the input with --input NAME=FILE.npy")
-        out[m.name] = a
+        out[m.name] = np.asarray(a, dtype=dtype)  # a 0-d draw is a numpy scalar; onnxruntime wants arrays
     return out
 
 
@@ -272,8 +274,10 @@ class OnnxruntimeReference:
         try:
             self._sess = ort.InferenceSession(str(p), opts, providers=["CPUExecutionProvider"])
         except Exception as e:  # onnxruntime raises its own exception types
-            raise ModelError(f"{p}: onnxruntime cannot load it as ONNX ({str(e).splitlines()[0][:200]})",
-                             hint="give the original .onnx model as the reference") from e
+            self._sess = _session_with_external_data_inline(p, opts, e)
+            if self._sess is None:
+                raise ModelError(f"{p}: onnxruntime cannot load it as ONNX ({str(e).splitlines()[0][:200]})",
+                                 hint="give the original .onnx model as the reference") from e
         self.path = p
         self.name = "onnxruntime"
         self._inputs = [TensorMeta(i.name, tuple(d if isinstance(d, int) else -1 for d in i.shape),
@@ -294,6 +298,24 @@ class OnnxruntimeReference:
             raise InputError(f"onnxruntime failed on the reference {self.path.name}: "
                              f"{str(e).splitlines()[0][:300]}",
                              hint="check the input shapes and dtypes (--input-shape, --load-inputs)") from e
+
+
+def _session_with_external_data_inline(p: Path, opts, error: BaseException):
+    """onnxruntime's loader cannot read shape tensors (a Reshape target) kept in external data; the
+    model is valid ONNX all the same. Retry with the external data read into the model, when it then
+    fits in one protobuf (< 2 GiB). None when that does not apply or does not help."""
+    if "external" not in str(error).lower():
+        return None
+    import onnx
+    import onnxruntime as ort
+
+    try:
+        m = onnx.load(str(p), load_external_data=True)
+        if m.ByteSize() >= 2**31 - 1:
+            return None
+        return ort.InferenceSession(m.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+    except Exception:  # the original error is the one to report
+        return None
 
 
 _ORT_TYPES = {"tensor(float)": "float32", "tensor(float16)": "float16", "tensor(double)": "float64",
@@ -354,6 +376,11 @@ def compare(reference_onnx: str | os.PathLike, target: Any, *,
         if not 0.0 <= max_outside <= 1.0:
             raise InputError(f"max_outside {max_outside} must be a share between 0 and 1",
                              hint="e.g. 0.001 allows 0.1 % of elements outside atol/rtol")
+        if cosine_min is not None and not -1.0 <= float(cosine_min) <= 1.0:
+            raise InputError(f"cosine_min {cosine_min} is not a cosine (between -1 and 1)",
+                             hint="e.g. --cosine-min 0.999")
+        if inputs is None and seed is not None and (isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0):
+            raise InputError(f"seed {seed!r} must be a non-negative integer", hint="e.g. --seed 0")
         tmetas = sess.get_inputs()
         if inputs is None:
             feeds = generate_inputs(tmetas, seed=seed, shapes=input_shapes)

@@ -77,6 +77,13 @@ def test_bad_input_exit_2(run_cli, files, tmp_path):
     assert code == 2 and "onnxruntime cannot load" in err
 
 
+def test_negative_seed_or_device_is_bad_usage_not_a_crash(run_cli, files):
+    ref, good, _ = files
+    for args in (("--seed", "-1"), ("--device", "-1")):
+        code, _, err = run_cli("compare", ref, good, *args)
+        assert code == 2 and "internal error" not in err and "Traceback" not in err, err
+
+
 def test_positional_input_file_is_used(run_cli, files, tmp_path):
     ref, good, _ = files
     np.save(tmp_path / "x.npy", np.full((1, 3, 6, 6), 0.5, np.float32))

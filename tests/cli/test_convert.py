@@ -178,6 +178,28 @@ def test_unwritable_output(run_cli, small, tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file", "small.onnx"] + (["ro"] if os.geteuid() else [])
 
 
+def test_output_or_report_on_the_input_model_is_refused_and_the_model_kept(run_cli, small, tmp_path, monkeypatch):
+    before = small.read_bytes()
+    monkeypatch.chdir(tmp_path)
+    for args in (("-o", "./small.onnx"), ("-o", tmp_path / "small.onnx"), ("--report", "small.onnx"),
+                 ("-o", "m.bundle", "--report", "./m.bundle")):
+        code, stdout, err = run_cli("convert", "small.onnx", "--backend", "builtin", "--input-shape", "x:1,3,8,8",
+                                    *args)
+        assert "overwrite" in _one_line_error(code, stdout, err, 2) or "replace" in err
+    assert small.read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["small.onnx"]
+
+
+def test_atc_only_options_are_not_dropped_silently_by_the_builtin_backend(run_cli, small, tmp_path):
+    code, stdout, err = run_cli("convert", small, "-o", tmp_path / "m.bundle", "--backend", "builtin",
+                                "--input-shape", "x:1,3,8,8", "--atc-arg", "--log=info", "--timeout", "5")
+    assert code == 0, err
+    assert "warning: --atc-arg, --timeout only apply to the ATC backend" in err
+    code, stdout, err = run_cli("convert", small, "-o", tmp_path / "n.bundle", "--backend", "builtin",
+                                "--input-shape", "x:1,3,8,8")
+    assert code == 0 and "warning" not in err
+
+
 def test_atc_backend_missing_is_environment_error(run_cli, small, tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))
     monkeypatch.delenv("ASCEND_TOOLKIT_HOME", raising=False)

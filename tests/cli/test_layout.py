@@ -126,6 +126,26 @@ def test_convert_nhwc_input_uses_its_own_shape(run_cli, tmp_path):
     assert np.load(dev).tobytes() == nc1hwc0_oracle(x.transpose(0, 3, 1, 2), 8).tobytes()
 
 
+def test_convert_nd_matrix_to_fractal_z_agrees_with_info(run_cli, tmp_path):
+    """A 2-D ND matrix goes to FRACTAL_Z's 2-D (K, N) form (reference TV5: K=20, N=35 -> [2, 3, 16, 16]),
+    the storage shape `layout info` reports, not a conv weight [1, 20, 35, 1] -> [70, 1, 16, 16]."""
+    b = np.arange(20 * 35, dtype=np.float16).reshape(20, 35)
+    np.save(tmp_path / "b.npy", b)
+    code, out, err = run_cli("layout", "info", "FRACTAL_Z", "--shape", "20,35", "--json")
+    assert code == 0, err
+    want = json.loads(out)["storage_shape"]
+    code, out, err = run_cli("layout", "convert", tmp_path / "b.npy", tmp_path / "fz.npy", "--from", "ND",
+                             "--to", "FRACTAL_Z")
+    assert code == 0, err
+    fz = np.load(tmp_path / "fz.npy")
+    assert list(fz.shape) == want == [2, 3, 16, 16]
+    np.testing.assert_array_equal(fz, F.pack(b, "FRACTAL_Z", origin="ND"))
+    code, out, err = run_cli("layout", "convert", tmp_path / "fz.npy", tmp_path / "back.npy", "--from",
+                             "FRACTAL_Z", "--to", "ND", "--shape", "20,35")
+    assert code == 0, err
+    np.testing.assert_array_equal(np.load(tmp_path / "back.npy"), b)
+
+
 def test_convert_raw_bin_dump_to_npy(run_cli, tmp_path):
     rng = np.random.default_rng(1)
     x = rng.integers(-128, 127, size=(40, 70), dtype=np.int8)

@@ -125,3 +125,27 @@ def test_run_output_not_left_half_written(run_cli, bundle, tmp_path):
     (tmp_path / "blocker").write_text("a file where a folder is needed")
     code, _, err = run_cli("run", path, "--loop", "1", "--output", tmp_path / "blocker" / "sub")
     assert code == 2 and "Traceback" not in err
+
+
+@pytest.mark.parametrize("args", [["--seed", "-1"], ["--pure-data", "random", "--seed", "-5"], ["--device", "-1"]])
+def test_run_negative_seed_or_device_is_bad_usage_not_a_crash(run_cli, bundle, args):
+    path, _ = bundle
+    code, out, err = run_cli("run", path, "--loop", "1", *args)
+    assert code == 2 and "internal error" not in err and "Traceback" not in err, err
+    assert "latency" not in out
+
+
+def test_run_unwritable_json_is_refused_before_running(run_cli, bundle, tmp_path):
+    path, _ = bundle
+    code, out, err = run_cli("run", path, "--loop", "1", "--json", tmp_path / "no" / "such" / "r.json")
+    assert code == 2 and "does not exist" in err
+    assert "latency" not in out  # refused up front, not after the runs
+
+
+def test_outputs_whose_names_clash_after_sanitising_get_their_own_files(tmp_path):
+    from npu_deploy.cli.run import save_outputs
+
+    a, b = np.zeros(2, np.float32), np.ones(2, np.float32)
+    written = save_outputs(str(tmp_path / "out"), ["a/b", "a_b", "a:b"], [a, b, a + 2], "npy")
+    assert [p.name for p in written] == ["a_b.npy", "a_b_2.npy", "a_b_3.npy"]
+    assert [float(np.load(p)[0]) for p in written] == [0.0, 1.0, 2.0]

@@ -142,6 +142,50 @@ def test_soc_only_for_onnx(tmp_path):
         inspect(om, soc="Ascend310P3")
 
 
+def test_plan_options_without_soc_are_refused_not_ignored(tmp_path):
+    path = _tiny_onnx(tmp_path / "m.onnx")
+    for kw, opt in (({"precision_mode": "must_keep_origin_dtype"}, "--precision-mode"),
+                    ({"input_shapes": {"x": (2, 3)}}, "--input-shape"), ({"dynamic_batch": [1, 2]}, "--dynamic-batch")):
+        with pytest.raises(InputError, match=f"{opt} applies only with --soc"):
+            inspect(path, **kw)
+    assert inspect(path, soc="Ascend310P3", precision_mode="must_keep_origin_dtype", input_shapes={"x": (2, 3)})
+
+
+def _bundle_of(tmp_path, name, nodes, inputs, outputs, inits=()):
+    import npu_deploy
+
+    g = helper.make_graph(nodes, name, inputs, outputs, list(inits))
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    onnx.save(m, tmp_path / f"{name}.onnx")
+    return npu_deploy.convert(tmp_path / f"{name}.onnx", output=tmp_path / f"{name}.bundle", backend="builtin").output
+
+
+def test_legal_bundles_pass_the_integrity_checks(tmp_path):
+    """Scalars (device shape []), zero-size tensors (0 bytes), a weight that is a graph output and a
+    weight read only inside an If branch are all legal: no integrity problem for them."""
+    vi = helper.make_tensor_value_info
+    w = numpy_helper.from_array(np.arange(4, dtype=np.float32).reshape(2, 2), "w")
+    then_g = helper.make_graph([helper.make_node("Add", ["x", "w"], ["t"])], "then", [],
+                               [vi("t", TensorProto.FLOAT, [2, 2])])
+    else_g = helper.make_graph([helper.make_node("Sub", ["x", "w"], ["e"])], "else", [],
+                               [vi("e", TensorProto.FLOAT, [2, 2])])
+    cases = {
+        "scalar": ([helper.make_node("Mul", ["x", "x"], ["y"])], [vi("x", TensorProto.FLOAT, [])],
+                   [vi("y", TensorProto.FLOAT, [])], []),
+        "empty": ([helper.make_node("Relu", ["x"], ["y"])], [vi("x", TensorProto.FLOAT, [0, 4])],
+                  [vi("y", TensorProto.FLOAT, [0, 4])], []),
+        "weight_out": ([helper.make_node("Relu", ["x"], ["y"])], [vi("x", TensorProto.FLOAT, [2, 2])],
+                       [vi("y", TensorProto.FLOAT, [2, 2]), vi("w", TensorProto.FLOAT, [2, 2])], [w]),
+        "if_branch": ([helper.make_node("If", ["c"], ["y"], then_branch=then_g, else_branch=else_g)],
+                      [vi("x", TensorProto.FLOAT, [2, 2]), vi("c", TensorProto.BOOL, [])],
+                      [vi("y", TensorProto.FLOAT, [2, 2])], [w]),
+    }
+    for name, (nodes, ins, outs, inits) in cases.items():
+        r = inspect(_bundle_of(tmp_path, name, nodes, ins, outs, inits))
+        assert r.kind == "bundle" and r.problems == [] and bool(r), (name, r.problems)
+
+
 @pytest.mark.parametrize("header_version,table", [(1, "tiny"), (2, "tiny"), (2, "64")])
 def test_om_report(tmp_path, header_version, table):
     path = build_om(tmp_path / "m.om", header_version=header_version, table=table, soc_version="Ascend910B",

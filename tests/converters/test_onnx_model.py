@@ -76,6 +76,22 @@ def test_shape_errors(dyn_model, kwargs, match):
         load_model(dyn_model, **kwargs)
 
 
+def test_every_gear_is_checked_not_only_the_largest(tmp_path):
+    """Two inputs whose lengths must agree: a gear with x:4 and m:8 is refused at load, even when a
+    larger gear is fine (only the largest was inferred before, so the bad gear failed at run time)."""
+    path = _save(tmp_path, [helper.make_node("Add", ["x", "m"], ["y"])], [_vi("x", [1, "S"]), _vi("m", [1, "S"])],
+                 [_vi("y", [1, "S"])])
+    shapes = {"x": (1, -1), "m": (1, -1)}
+    assert load_model(path, input_shapes=shapes, dynamic_dims="4,4;16,16").gears[0] == {"x": (1, 4), "m": (1, 4)}
+    with pytest.raises(ModelError, match=r"shape inference failed at gear \{'x': \(1, 4\), 'm': \(1, 8\)\}"):
+        load_model(path, input_shapes=shapes, dynamic_dims="4,8;16,16")
+    # a batch gear smaller than the largest, against an output the model declares fixed
+    r = _save(tmp_path, [helper.make_node("Relu", ["x"], ["y"])], [_vi("x", ["N", 4])], [_vi("y", [4, 4])],
+              name="r.onnx")
+    with pytest.raises(ModelError, match=r"at gear \{'x': \(1, 4\)\}"):
+        load_model(r, input_shapes={"x": (-1, 4)}, dynamic_batch=[1, 4])
+
+
 def test_error_messages_are_one_line(dyn_model):
     with pytest.raises(ModelError) as e:
         load_model(dyn_model)
@@ -122,6 +138,21 @@ def test_external_data_streamed_and_checked(tmp_path):
     data.unlink()
     with pytest.raises(ModelError, match="external data file 'weights.bin' of tensor 'w' is missing"):
         load_model(path)
+
+
+def test_shape_tensors_in_external_data_are_read_for_inference(tmp_path):
+    """A save with size_threshold=0 also puts a Reshape's int64 target outside: valid ONNX, which the
+    checker's shape inference (and so the load) used to refuse; the float weight stays external."""
+    w = np.arange(8 * 6, dtype=np.float32).reshape(8, 6)
+    path = _save(tmp_path, [helper.make_node("Reshape", ["x", "s"], ["r"]), helper.make_node("MatMul", ["r", "w"], ["y"])],
+                 [_vi("x", [2, 4, 2])], [_vi("y", [2, 6])],
+                 [numpy_helper.from_array(np.array([2, 8], np.int64), "s"), numpy_helper.from_array(w, "w")],
+                 save_as_external_data=True, all_tensors_to_one_file=True, location="data.bin", size_threshold=0)
+    m = load_model(path)
+    assert m.shapes["r"] == (2, 8) and m.shapes["y"] == (2, 6)
+    assert m.constants["w"].external and not m.constants["s"].external
+    np.testing.assert_array_equal(m.constant_array("s"), [2, 8])
+    np.testing.assert_array_equal(m.constant_array("w"), w)
 
 
 def test_external_data_outside_folder_refused(tmp_path):

@@ -160,3 +160,17 @@ def test_threshold_must_be_a_percentage(flagged):
 
     with pytest.raises(ProfileError):
         analyze_profile(flagged, threshold=-1)
+
+
+def test_nothing_usable_says_why_rows_were_skipped(tmp_path):
+    """When every row is skipped the report never comes, so its warnings are never shown: the error line
+    itself must say which rows were skipped and why."""
+    from npu_deploy.errors import ProfileError
+
+    path = write_csv(tmp_path / "op_summary_0_1.csv",
+                     [op("a", "TransData", "AI_CORE", "-5"), op("b", "MatMul", "AI_CORE", "inf")])
+    with pytest.raises(ProfileError) as e:
+        analyze_profile(path)
+    msg = str(e.value)
+    assert "no device compute time" in msg and "skipped 2 rows" in msg and "lines 2, 3" in msg
+    assert "see the warnings above" not in msg

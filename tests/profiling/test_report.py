@@ -124,3 +124,15 @@ def test_many_distinct_permutations_fold_into_one_kind_per_format(tmp_path):
     assert len(kinds) == _MAX_LAYOUT_KINDS + 1 and sum(k.count for k in kinds) == n
     (rest,) = [k for k in kinds if k.in_shape is None]
     assert rest.label == "Transpose (ND)" and rest.count == 6
+
+
+def test_devices_table_stays_aligned_with_long_capture_labels(tmp_path):
+    for k, name in enumerate(("a", "a_much_longer_capture_folder_name_than_twelve")):
+        rows = flagged_rows()
+        rows[0] = {**rows[0], "dur": str(float(rows[0]["dur"]) + k)}  # two captures, not one copied twice
+        write_csv(tmp_path / "caps" / name / "PROF_000001_20250101000000000_ABCDEF" / "mindstudio_profiler_output"
+                  / "op_summary_20250101000000.csv", rows)
+    text = render_text(analyze_profile(tmp_path / "caps"))
+    block = text.split("Devices\n", 1)[1].split("\n\n", 1)[0].splitlines()
+    assert len(block) == 2
+    assert len({line.index(" compute ") for line in block}) == 1, block

@@ -197,3 +197,49 @@ def test_compare_feeds_channel_first_reference_for_an_nhwc_bundle(tmp_path):
     # and the NCHW array itself is refused by the NHWC bundle, not silently compared
     with pytest.raises(npu_deploy.InputError):
         compare(src, bundle, inputs={"x": np.ascontiguousarray(x_nchw[:, :, :3, :])})
+
+
+def test_bad_cosine_min_and_seed_are_input_errors(pair):
+    ref, good, *_ = pair
+    with pytest.raises(InputError, match="not a cosine"):
+        compare(ref, good, cosine_min=2)
+    with pytest.raises(InputError, match="non-negative integer"):
+        compare(ref, good, seed=-1)
+
+
+def test_table_keeps_long_output_names_whole_and_aligned():
+    a = np.ones(4, np.float32)
+    long1, long2 = "save_infer_model/scale_0.tmp_1", "save_infer_model/scale_0.tmp_2"
+    r = CompareResult(outputs=[compare_arrays(n, a, a, atol=0, rtol=0) for n in (long1, long2)])
+    rows = r.table().splitlines()
+    assert rows[1].startswith(long1 + " ") and rows[2].startswith(long2 + " ")
+    assert len({row.index("shape") if i == 0 else None for i, row in enumerate(rows)} - {None}) == 1
+    assert len({len(row.split("  ok")[0]) for row in rows[1:]}) == 1
+
+
+def test_generated_scalar_inputs_are_arrays_onnxruntime_accepts():
+    from npu_deploy.runtime.backend import TensorMeta
+
+    feeds = generate_inputs([TensorMeta("c", (), "bool"), TensorMeta("s", (), "float32"),
+                             TensorMeta("i", (), "int64")], seed=0)
+    for k, v in feeds.items():
+        assert isinstance(v, np.ndarray) and v.shape == () and v.dtype == {"c": np.bool_, "s": np.float32,
+                                                                            "i": np.int64}[k]
+
+
+def test_reference_with_shape_tensors_in_external_data(tmp_path):
+    """onnxruntime's loader refuses a Reshape target kept in external data; compare reads it in instead."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    from npu_deploy.runtime.compare import OnnxruntimeReference
+
+    g = helper.make_graph([helper.make_node("Reshape", ["x", "s"], ["y"])], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3, 2])],
+                          [numpy_helper.from_array(np.array([3, 2], np.int64), "s")])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    onnx.save(m, tmp_path / "r.onnx", save_as_external_data=True, location="r.data", size_threshold=0)
+    ref = OnnxruntimeReference(tmp_path / "r.onnx")
+    x = np.arange(6, dtype=np.float32).reshape(2, 3)
+    np.testing.assert_array_equal(ref.run(["y"], {"x": x})[0], x.reshape(3, 2))
