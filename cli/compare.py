@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import click
 
-from npu_deploy.cli.options import apply, parse_input_shapes, tolerance_options
+from npu_deploy.cli.options import apply, parse_input_shapes, refuse_overwriting, tolerance_options
 from npu_deploy.errors import InputError
 
 
@@ -50,6 +50,12 @@ def command(ctx, reference, target, atol, rtol, cosine_min, max_outside, inputs,
 
     if load_inputs and inputs:
         raise InputError("give either --load-inputs or --input, not both")
+    # --save-inputs may rewrite the --load-inputs file (same arrays); it may not replace a model
+    refuse_overwriting([("--save-inputs", save_inputs), ("--json", json_path)],
+                       [("reference model", reference), ("target model", target),
+                        *[("input file", i.partition("=")[2] or i) for i in inputs if "," not in i]])
+    if json_path and load_inputs:
+        refuse_overwriting([("--json", json_path)], [("--load-inputs file", load_inputs)])
     shapes = parse_input_shapes(input_shape, option="--input-shape")
     with InferenceSession(target, device_id=device_id, backend=backend) as sess:
         feeds = None

@@ -2,22 +2,11 @@
 
 from __future__ import annotations
 
-import os
-
 import click
 
-from npu_deploy.cli.options import parse_input_shapes, parse_int_list, soc_option
-from npu_deploy.errors import InputError
+from npu_deploy.cli.options import parse_input_shapes, parse_int_list, refuse_overwriting, soc_option
 
 _PRECISIONS = ["force_fp16", "allow_fp32_to_fp16", "must_keep_origin_dtype", "allow_mix_precision"]
-
-
-def _same_file(a: str, b: str) -> bool:
-    """True when paths ``a`` and ``b`` name the same file (also through links or ``./`` spellings)."""
-    try:
-        return os.path.samefile(a, b)
-    except OSError:  # one of them does not exist (yet): compare the resolved spellings
-        return os.path.realpath(a) == os.path.realpath(b)
 
 
 def _dims(text: str | None) -> list[tuple[int, ...]] | None:
@@ -67,13 +56,7 @@ def command(model, output, backend, soc, input_shape, input_format, dynamic_batc
     """Lower MODEL.onnx for an Ascend NPU: ATC .om, or the built-in offline bundle."""
     from npu_deploy.converters.convert import convert
 
-    for opt, path in (("-o", output), ("--report", report)):
-        if path is not None and _same_file(path, model):
-            raise InputError(f"{opt} {path} is the input model itself: converting would overwrite it",
-                             hint=f"choose another {opt} path")
-    if output is not None and report is not None and _same_file(output, report):
-        raise InputError(f"--report {report} is the -o output too: the report would replace the model",
-                         hint="give the report its own path")
+    refuse_overwriting([("-o", output), ("--report", report)], [("input model", model)])
 
     def progress(stage, fraction=None):
         if not quiet and stage.startswith("atc: "):

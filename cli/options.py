@@ -74,3 +74,32 @@ def apply(options):
             f = opt(f)
         return f
     return deco
+
+
+def same_file(a, b) -> bool:
+    """True when paths ``a`` and ``b`` name the same file (also through links or ``./`` spellings)."""
+    import os
+
+    try:
+        return os.path.samefile(a, b)
+    except OSError:  # one of them does not exist (yet): compare the resolved spellings
+        return os.path.realpath(a) == os.path.realpath(b)
+
+
+def refuse_overwriting(outputs, inputs) -> None:
+    """Raise ``InputError`` (exit 2) when an output option names one of the command's input files, or
+    two output options name one file: the write would destroy data the user still needs.
+    ``outputs``/``inputs``: ``(option or role, path or None)`` pairs."""
+    from npu_deploy.errors import InputError
+
+    outs = [(o, p) for o, p in outputs if p is not None]
+    for opt, path in outs:
+        for role, src in inputs:
+            if src is not None and same_file(path, src):
+                raise InputError(f"{opt} {path} is the {role} itself: writing it would overwrite it",
+                                 hint=f"choose another {opt} path")
+    for i, (o1, p1) in enumerate(outs):
+        for o2, p2 in outs[i + 1:]:
+            if same_file(p1, p2):
+                raise InputError(f"{o1} and {o2} both name {p1}: one would replace the other",
+                                 hint="give each output its own path")

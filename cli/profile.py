@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from npu_deploy.cli.options import apply, parse_input_shapes
+from npu_deploy.cli.options import apply, parse_input_shapes, refuse_overwriting
 
 _CTX = {"help_option_names": ["-h", "--help"]}
 
@@ -72,6 +72,7 @@ def analyze(ctx, path, threshold, include_transpose, json_path, html_path, fail_
     """
     from npu_deploy.profiling.analyze import analyze_profile
 
+    refuse_overwriting([("--json", json_path), ("--html", html_path)], [("profile file", path)])
     report = analyze_profile(path, threshold=threshold, include_transpose=include_transpose)
     _finish(ctx, report, json_path, html_path, fail_on_flag, top)
 
@@ -102,6 +103,7 @@ def run(ctx, model, run_args, output_dir, input_shape, loops, use_msprof, timeou
 
     import shutil
 
+    refuse_overwriting([("--json", json_path), ("--html", html_path)], [("model", model)])
     shapes = parse_input_shapes(input_shape)
     will_msprof = use_msprof if use_msprof is not None else shutil.which("msprof") is not None
     if run_args and not will_msprof:

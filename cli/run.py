@@ -12,7 +12,7 @@ from pathlib import Path
 import click
 import numpy as np
 
-from npu_deploy.cli.options import parse_input_shapes, parse_int_list
+from npu_deploy.cli.options import parse_input_shapes, parse_int_list, refuse_overwriting
 from npu_deploy.errors import InputError
 
 
@@ -141,6 +141,8 @@ def build_feeds(metas, inputs: tuple[str, ...], input_dir: str | None, pure_data
 
 
 def _shape_or_none(meta, shapes, batch):
+    if meta.name not in shapes and batch is None and any(d < 0 for d in meta.shape):
+        return None  # nothing given: a raw .bin's own size tells its one dynamic dim (load_array)
     try:
         return resolve_shape(meta, shapes, batch)
     except InputError:
@@ -226,6 +228,8 @@ def command(ctx, model, inputs, input_dir, pure_data, loop, warmup, batch_size, 
         raise InputError(f"--batch-size {batch_size}: must be at least 1")
     shapes = parse_input_shapes(input_shape, option="--input-shape")
     sizes = parse_int_list(output_size, option="--output-size")
+    given = [("input file", item.partition("=")[2] or item) for item in inputs if "," not in item]
+    refuse_overwriting([("--json", json_path)], [("model", model), *given])
     if json_path is not None:  # before the runs, not after minutes of them
         from npu_deploy._io import _check_dest
 

@@ -109,7 +109,7 @@ def profile_on_emulator(model: str | os.PathLike, output_dir: str | os.PathLike,
     if loops < 1:
         raise InputError(f"--loops {loops}: must be at least 1")
     out = Path(output_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    created = _make_dir(out)
     tmpdir = None
     bundle = model
     try:
@@ -135,9 +135,40 @@ def profile_on_emulator(model: str | os.PathLike, output_dir: str | os.PathLike,
         if prof is None:
             raise ModelError(f"{model}: the emulator wrote no profile", hint="run at least once")
         return analyze_profile(prof, threshold, include_transpose, estimated=True)
+    except BaseException:
+        if tmpdir is not None:
+            shutil.rmtree(tmpdir, ignore_errors=True)
+            tmpdir = None
+        _remove_if_empty(created)  # a failed run leaves no empty output folder behind
+        raise
     finally:
         if tmpdir is not None:
             shutil.rmtree(tmpdir, ignore_errors=True)
+
+
+def _make_dir(path: Path) -> list[Path]:
+    """``mkdir -p path``; the folders it created, innermost first."""
+    made = []
+    p = path
+    while not p.exists():
+        made.append(p)
+        if p.parent == p:
+            break
+        p = p.parent
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise InputError(f"cannot create the profile folder {path}: {e.strerror}",
+                         hint="choose another --output-dir") from None
+    return made
+
+
+def _remove_if_empty(made: list[Path]) -> None:
+    for p in made:
+        try:
+            p.rmdir()
+        except OSError:  # not empty (the profile is kept) or already gone
+            return
 
 
 def _is_onnx(path: Path) -> bool:

@@ -270,7 +270,7 @@ class OnnxruntimeReference:
         if not p.is_file():
             raise InputError(f"reference model {p} does not exist", hint="give the original .onnx file")
         opts = ort.SessionOptions()
-        opts.log_severity_level = 3
+        opts.log_severity_level = 4  # failures come back as exceptions, reported in one line
         try:
             self._sess = ort.InferenceSession(str(p), opts, providers=["CPUExecutionProvider"])
         except Exception as e:  # onnxruntime raises its own exception types

@@ -90,3 +90,13 @@ def test_positional_input_file_is_used(run_cli, files, tmp_path):
     code, _, err = run_cli("compare", ref, good, "--input", tmp_path / "x.npy", "--save-inputs", tmp_path / "s.npz")
     assert code == 0, err
     assert np.all(np.load(tmp_path / "s.npz")["x"] == 0.5)
+
+
+def test_outputs_never_overwrite_the_models_compared(run_cli, files, tmp_path):
+    ref, good, _ = files
+    before = (ref.read_bytes(), good.read_bytes())
+    for args in (("--save-inputs", ref), ("--json", good), ("--save-inputs", tmp_path / "a"), ):
+        extra = ("--json", tmp_path / "a") if args[1] == tmp_path / "a" else ()
+        code, _, err = run_cli("compare", ref, good, *args, *extra)
+        assert code == 2 and ("overwrite" in err or "replace" in err) and "Traceback" not in err, err
+    assert (ref.read_bytes(), good.read_bytes()) == before and not (tmp_path / "a").exists()

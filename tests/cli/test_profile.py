@@ -98,3 +98,13 @@ def test_real_llm_capture(run_cli):
 def test_help_lists_subcommands(run_cli):
     code, out, _ = run_cli("profile", "--help")
     assert code == 0 and "analyze" in out and "run" in out
+
+
+def test_report_outputs_never_overwrite_the_profile(run_cli, tmp_path):
+    src = write_csv(tmp_path / "op_summary_0_1.csv", flagged_rows())
+    before = src.read_bytes()
+    for args in (("--json", src), ("--html", src), ("--json", tmp_path / "r"), ):
+        extra = ("--html", tmp_path / "r") if args[1] == tmp_path / "r" else ()
+        code, _, err = run_cli("profile", "analyze", src, *args, *extra)
+        assert code == 2 and ("overwrite" in err or "replace" in err) and "Traceback" not in err, err
+    assert src.read_bytes() == before and not (tmp_path / "r").exists()

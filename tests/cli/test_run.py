@@ -149,3 +149,21 @@ def test_outputs_whose_names_clash_after_sanitising_get_their_own_files(tmp_path
     written = save_outputs(str(tmp_path / "out"), ["a/b", "a_b", "a:b"], [a, b, a + 2], "npy")
     assert [p.name for p in written] == ["a_b.npy", "a_b_2.npy", "a_b_3.npy"]
     assert [float(np.load(p)[0]) for p in written] == [0.0, 1.0, 2.0]
+
+
+def test_raw_bin_of_a_dynamic_batch_model_takes_its_batch_from_the_file_size(run_cli, dyn_bundle, tmp_path):
+    path, _ = dyn_bundle
+    np.ones((4, 3, 6, 6), np.float32).tofile(tmp_path / "x.bin")
+    code, out, err = run_cli("run", path, "--loop", "1", "--input", f"x={tmp_path / 'x.bin'}")
+    assert code == 0, err
+    assert "input  x: float32 (4, 3, 6, 6)" in out and "(batch 4)" in out
+
+
+def test_json_never_overwrites_the_model_or_an_input(run_cli, bundle, tmp_path):
+    path, _ = bundle
+    np.save(tmp_path / "x.npy", np.ones((1, 3, 6, 6), np.float32))
+    before = (path.read_bytes(), (tmp_path / "x.npy").read_bytes())
+    for target in (path, tmp_path / "x.npy"):
+        code, out, err = run_cli("run", path, "--loop", "1", "--input", f"x={tmp_path / 'x.npy'}", "--json", target)
+        assert code == 2 and "overwrite" in err and "latency" not in out, err
+    assert (path.read_bytes(), (tmp_path / "x.npy").read_bytes()) == before

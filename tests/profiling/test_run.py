@@ -116,3 +116,23 @@ def test_run_on_emulator_real_model(run_cli, real_model, tmp_path, monkeypatch):
     profs = list(out.glob("PROF_*/mindstudio_profiler_output/op_summary_*.csv"))
     assert len(profs) == 1
     assert not [p for p in out.iterdir() if p.name.startswith(".npu-deploy-profile-")]  # temp bundle removed
+
+
+def test_failed_emulator_profile_leaves_no_empty_folder(tmp_path):
+    import onnx
+    from onnx import TensorProto, helper
+
+    from npu_deploy.errors import ModelError
+    from npu_deploy.profiling.run import profile_on_emulator
+
+    g = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n"])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n"])])
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), tmp_path / "dyn.onnx")
+    with pytest.raises(ModelError, match="dynamic dimensions"):
+        profile_on_emulator(tmp_path / "dyn.onnx", tmp_path / "new" / "prof")
+    assert not (tmp_path / "new").exists()
+    (tmp_path / "mine").mkdir()  # a folder the user made stays
+    with pytest.raises(ModelError):
+        profile_on_emulator(tmp_path / "dyn.onnx", tmp_path / "mine")
+    assert (tmp_path / "mine").is_dir()

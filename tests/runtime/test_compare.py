@@ -243,3 +243,21 @@ def test_reference_with_shape_tensors_in_external_data(tmp_path):
     ref = OnnxruntimeReference(tmp_path / "r.onnx")
     x = np.arange(6, dtype=np.float32).reshape(2, 3)
     np.testing.assert_array_equal(ref.run(["y"], {"x": x})[0], x.reshape(3, 2))
+
+
+def test_reference_failure_is_one_exception_not_onnxruntime_log_lines(tmp_path, capfd):
+    import onnx
+    from onnx import TensorProto, helper
+
+    from npu_deploy.runtime.compare import OnnxruntimeReference
+
+    g = helper.make_graph([helper.make_node("Reshape", ["x", "s"], ["y"])], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3]),
+                           helper.make_tensor_value_info("s", TensorProto.INT64, [2])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), tmp_path / "r.onnx")
+    ref = OnnxruntimeReference(tmp_path / "r.onnx")
+    capfd.readouterr()
+    with pytest.raises(InputError, match="onnxruntime failed on the reference"):
+        ref.run(["y"], {"x": np.zeros((2, 3), np.float32), "s": np.array([4, 4], np.int64)})
+    assert capfd.readouterr().err == ""
