@@ -155,6 +155,20 @@ def _check_output(path: Path) -> None:
         raise InputError(f"cannot write {path}: the file is read-only", hint="choose another -o")
 
 
+def _same_file(a: Path, b: Path) -> bool:
+    try:
+        return a.resolve() == b.resolve() or (a.exists() and b.exists() and os.path.samefile(a, b))
+    except OSError:
+        return False
+
+
+def _check_not_the_model(path: Path, model: Path, what: str) -> None:
+    """Refuse an output path that would overwrite the model being converted (or its external data)."""
+    if _same_file(path, model):
+        raise InputError(f"{what} {path} is the model being converted: writing it would destroy the model",
+                         hint="choose another output name")
+
+
 def _choose_backend(backend: str, atc: str | os.PathLike | None) -> tuple[str, str, str | None]:
     if backend == "builtin":
         return "builtin", "requested (--backend builtin)", None
@@ -214,8 +228,13 @@ def convert(model: str | os.PathLike, output: str | os.PathLike | None = None, *
     else:
         out = Path(output)
     _check_output(out)
+    _check_not_the_model(out, src, "the output")
     if report is not None:
         _check_output(Path(report))
+        _check_not_the_model(Path(report), src, "the report")
+        if _same_file(Path(report), out):
+            raise InputError(f"the report and the output are the same file ({out})",
+                             hint="give --report another name")
     dynamic = {"mode": loaded.dynamic_mode, "gears": _host_gears(loaded, input_format)}
     support_d = {"verdict": support.verdict(), "counts": support.counts(),
                  "ai_cpu_nodes": [n.name for n in support.nodes if n.engine == "AI CPU" and not n.folded]}

@@ -47,6 +47,10 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
         raise InputError(f"cannot write {dest}: {e.strerror}", hint="choose another output path") from e
     os.close(fd)
     tmp = Path(tmp_name)
+    # mkstemp creates 0600; a finished output gets the mode any new file would (0666 less the umask)
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, 0o666 & ~umask)
     try:
         yield tmp
         os.replace(tmp, dest)

@@ -242,7 +242,7 @@ class EmulatorBackend(Backend):
         opts = self._session_options
         if opts is None:
             opts = ort.SessionOptions()
-            opts.log_severity_level = 3
+            opts.log_severity_level = 4  # failures come back as exceptions, reported in one line
         self._sess = None
         if self.symbolic_io:
             try:
@@ -538,8 +538,8 @@ def _transdata_us(entry: dict[str, Any], soc: str) -> float:
 def profile_rows(manifest: dict[str, Any], model: onnx.ModelProto | None) -> list[dict[str, Any]]:
     """One iteration's task rows in device execution order: every graph node that is a device task
     (not the emulator's rounding casts, ``Constant`` nodes, nodes the plan marks ``folded``, or pure
-    views without an estimate) and every planned TransData, placed before the last of its
-    ``onnx_nodes``."""
+    views without an estimate) and every planned TransData, placed before its
+    first consumer (the last of its ``onnx_nodes`` when the manifest names no consumers)."""
     soc = str(manifest.get("soc") or "Ascend310P3")
     cost = manifest.get("cost") or {}
     est = cost.get("est_us") or {}
@@ -559,7 +559,10 @@ def profile_rows(manifest: dict[str, Any], model: onnx.ModelProto | None) -> lis
     before: dict[int, list[dict]] = {}
     tail: list[dict] = []
     for td in manifest.get("transdata") or []:
-        idx = [order[n] for n in (td.get("onnx_nodes") or []) if n in order]
+        # on the device a conversion runs once its producer is done, before the first op that reads
+        # its result: place it before the earliest consumer (older manifests: before the last node named)
+        consumers = [order[n] for n in (td.get("consumers") or []) if n in order]
+        idx = [min(consumers)] if consumers else [order[n] for n in (td.get("onnx_nodes") or []) if n in order]
         (before.setdefault(max(idx), []) if idx else tail).append(td)
     trans_type = "AI_VECTOR_CORE" if soc.startswith("Ascend910B") else "AI_CORE"
 

@@ -223,3 +223,22 @@ def test_dynamic_batch_cnn(real_model, tmp_path, name, shapes):
     rep = r.plan_report()
     assert rep.transdata_count <= rep.transdata_naive_count
     assert any("largest of 2 gears" in n for n in rep.notes)
+
+
+
+@pytest.mark.realmodel
+def test_api_refuses_to_overwrite_the_model(real_model, tmp_path):
+    """convert(model, output=model) — or a report on the model — must refuse and leave the model intact."""
+    import shutil
+
+    from npu_deploy.errors import InputError
+
+    src = tmp_path / "cls.onnx"
+    shutil.copy(real_model("ppocr_cls"), src)
+    before = src.read_bytes()
+    for kwargs in ({"output": src}, {"output": tmp_path / "x.bundle", "report": src},
+                   {"output": tmp_path / "y.bundle", "report": tmp_path / "y.bundle"}):
+        with pytest.raises(InputError):
+            convert(src, backend="builtin", input_shapes={"x": (1, 3, 48, 192)}, **kwargs)
+    assert src.read_bytes() == before
+    assert not (tmp_path / "x.bundle").exists() and not (tmp_path / "y.bundle").exists()

@@ -4,6 +4,7 @@ transfers checked against an index-map oracle, fp16 rounding at op boundaries, e
 from __future__ import annotations
 
 import csv
+from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
@@ -276,3 +277,38 @@ def test_nhwc_input_with_a_graph_format_of_other_axes_is_refused(tmp_path):
     path, _ = _nhwc_bundle(tmp_path, graph_format="NCDHW")
     with pytest.raises(BundleError, match="cannot be read as graph format NCDHW"):
         EmulatorBackend(path)
+
+
+def test_profile_places_each_transdata_between_producer_and_first_consumer(tmp_path):
+    """A conversion runs after the op that produces its tensor and before the first op that reads it;
+    one with two consumers (the example's `tokens`) must not drift past the first one."""
+    import importlib.util
+
+    import onnx as _onnx
+
+    import npu_deploy
+    from npu_deploy.converters.bundle import read_bundle
+    from npu_deploy.runtime.emulator import profile_rows
+
+    spec = importlib.util.spec_from_file_location(
+        "make_example", Path(__file__).resolve().parents[2] / "examples" / "make_example.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    src = tmp_path / "example.onnx"
+    _onnx.save(mod.build(1), src)
+    npu_deploy.convert(src, output=tmp_path / "e.bundle", backend="builtin")
+    with read_bundle(tmp_path / "e.bundle") as b:
+        manifest, graph = b.manifest, b.graph
+    names = [r["name"] for r in profile_rows(manifest, graph)]
+    graph_order = [n.name for n in graph.graph.node]
+    multi = 0
+    for td in manifest["transdata"]:
+        pos = names.index(td["name"])
+        consumers = [c for c in td.get("consumers") or [] if c in names]
+        if td.get("producer") in names:
+            assert names.index(td["producer"]) < pos, td["name"]
+        if consumers:
+            first = min(consumers, key=graph_order.index)
+            assert pos < names.index(first), (td["name"], first, names)
+            multi += len(consumers) > 1
+    assert multi >= 1  # the case that used to be misplaced is present
