@@ -172,14 +172,6 @@ class NpuDeployLoweringBackend(NpuDeployBackend):
         p = plan(loaded, soc=cls.soc, precision_mode=cls.precision_mode, support=support)
         write_plan_bundle(out, loaded, p, support=support)
 
-    @classmethod
-    def run_model(cls, model: onnx.ModelProto, inputs: Any, device: str = "CPU", **kwargs: Any):
-        rep = cls.prepare(model, device, **kwargs)
-        try:
-            return rep.run(inputs, **kwargs)
-        finally:
-            rep.close()
-
 
 class _OrtRep(BackendRep):
     def __init__(self, sess: Any, names: list[str]):
