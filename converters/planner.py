@@ -1153,6 +1153,18 @@ class PlanReport(Result):
             lines.append(f"  estimated device time: {c['total_us']:.1f} µs, of which TransData "
                          f"{c['formattrans_us']:.1f} µs = {100 * c['formattrans_share']:.1f} % (estimate"
                          f"{'; above 8 %: FLAGGED' if c['formattrans_share'] > FORMATTRANS_THRESHOLD else ''})")
+        top = self.top_conversions(8)
+        if top:
+            lines.append("  planned TransData" + (f" (largest {len(top)} of {self.transdata_count}; all in --report)"
+                                                 if len(top) < self.transdata_count else "") + ":")
+            for t in top:
+                shape = "x".join(str(d) for d in t.get("shape") or []) or "scalar"
+                where = t.get("producer") or "(input)"
+                to = ", ".join(t.get("consumers") or []) or "(output)"
+                est = f", est. {t['est_us']:.1f} µs" if t.get("est_us") is not None else ""
+                lines.append(f"    {t.get('name')}: {t.get('tensor', '?')} {t.get('src_format')} -> "
+                             f"{t.get('dst_format')} [{shape}] {_mb(t.get('bytes', 0))}{est}, "
+                             f"{where} -> {to}")
         for note in self.notes:
             lines.append(f"  note: {note}")
         return lines
