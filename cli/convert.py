@@ -46,13 +46,16 @@ def _dims(text: str | None) -> list[tuple[int, ...]] | None:
 @click.option("--atc-arg", "atc_args", multiple=True, metavar="--name=value",
               help="Extra argument passed to ATC verbatim (repeatable).")
 @click.option("--atc", "atc_path", default=None, metavar="PATH", help="The atc executable to use.")
+@click.option("--insert-op-conf", "insert_op_conf", default=None, metavar="AIPP.cfg",
+              type=click.Path(exists=True, dir_okay=False),
+              help="AIPP configuration file for ATC (ATC --insert_op_conf).")
 @click.option("--timeout", type=float, default=None, metavar="S", help="Give up on ATC after S seconds.")
 @click.option("--report", default=None, metavar="FILE.json", help="Write the result and plan report as JSON.")
 @click.option("--explain", is_flag=True, help="Print, for every TransData kept, why it had to stay.")
 @click.option("--quiet", "-q", is_flag=True, help="Print only the verdict line.")
 def command(model, output, backend, soc, input_shape, input_format, dynamic_batch, dynamic_dims,
-            precision_mode, keep_dtype, enable_small_channel, atc_args, atc_path, timeout, report, explain,
-            quiet):
+            precision_mode, keep_dtype, enable_small_channel, atc_args, atc_path, insert_op_conf, timeout, report,
+            explain, quiet):
     """Lower MODEL.onnx for an Ascend NPU: ATC .om, or the built-in offline bundle."""
     from npu_deploy.converters.convert import convert
 
@@ -68,9 +71,10 @@ def command(model, output, backend, soc, input_shape, input_format, dynamic_batc
         dynamic_dims=_dims(dynamic_dims), precision_mode=precision_mode,
         keep_dtype=[k for k in (keep_dtype or "").split(",") if k.strip()] or None,
         enable_small_channel=enable_small_channel, atc_args=atc_args, timeout=timeout, report=report,
-        progress=progress, atc=atc_path)
+        progress=progress, atc=atc_path, insert_op_conf=insert_op_conf)
     if result.backend != "atc":
-        unused = [opt for opt, v in (("--atc-arg", atc_args), ("--timeout", timeout), ("--atc", atc_path)) if v]
+        unused = [opt for opt, v in (("--atc-arg", atc_args), ("--timeout", timeout), ("--atc", atc_path),
+                                           ("--insert-op-conf", insert_op_conf)) if v]
         if unused:
             click.echo(f"npu-deploy: warning: {', '.join(unused)} only apply to the ATC backend; the built-in "
                        f"lowering ran and ignored {'it' if len(unused) == 1 else 'them'}", err=True)

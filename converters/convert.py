@@ -193,7 +193,8 @@ def convert(model: str | os.PathLike, output: str | os.PathLike | None = None, *
             enable_small_channel: bool = False, atc_args: Sequence[str] = (), timeout: float | None = None,
             report: str | os.PathLike | None = None,
             progress: Callable[[str, float | None], None] | None = None,
-            atc: str | os.PathLike | None = None) -> ConvertResult:
+            atc: str | os.PathLike | None = None,
+            insert_op_conf: str | os.PathLike | None = None) -> ConvertResult:
     """Convert an ONNX model for an Ascend SoC; return a :class:`ConvertResult`.
 
     ``output`` defaults to the model path with ``.bundle`` (built-in) or ``.om`` (ATC); for the bundle
@@ -244,7 +245,7 @@ def convert(model: str | os.PathLike, output: str | os.PathLike | None = None, *
         atc_d, om_path = _run_atc(loaded, out, soc=soc, atc_exe=atc_exe, input_format=input_format,
                                   dynamic_batch=dynamic_batch, precision_mode=precision_mode,
                                   keep_dtype=keep_dtype, enable_small_channel=enable_small_channel,
-                                  atc_args=atc_args, timeout=timeout, say=say)
+                                  atc_args=atc_args, timeout=timeout, say=say, insert_op_conf=insert_op_conf)
         result = ConvertResult(str(src), om_path, "atc", reason, soc, mode, dynamic, support_d, None, atc_d,
                                time.perf_counter() - t0)
     else:
@@ -262,7 +263,7 @@ def convert(model: str | os.PathLike, output: str | os.PathLike | None = None, *
 
 
 def _run_atc(loaded, out: Path, *, soc, atc_exe, input_format, dynamic_batch, precision_mode, keep_dtype,
-             enable_small_channel, atc_args, timeout, say) -> tuple[dict, str]:
+             enable_small_channel, atc_args, timeout, say, insert_op_conf=None) -> tuple[dict, str]:
     from npu_deploy.converters import atc as atcmod
 
     shapes = {i.name: tuple(i.shape) for i in loaded.inputs}
@@ -274,6 +275,8 @@ def _run_atc(loaded, out: Path, *, soc, atc_exe, input_format, dynamic_batch, pr
         kwargs["input_format"] = input_format
     if keep_dtype:
         kwargs["keep_dtype"] = list(keep_dtype)
+    if insert_op_conf is not None:
+        kwargs["insert_op_conf"] = insert_op_conf
     if loaded.dynamic_mode == "batch":
         kwargs["dynamic_batch"] = [g[next(iter(g))][0] for g in loaded.gears] if dynamic_batch is None \
             else list(dynamic_batch)

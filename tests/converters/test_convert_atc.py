@@ -91,3 +91,20 @@ def test_atc_failure_is_exit_3(model, tmp_path, standin_env, monkeypatch, run_cl
                              "--input-shape", "x:1,3,8,8")
     assert code == 3 and "E19010" in err and "Traceback" not in err
     assert not list(tmp_path.glob("f*.om"))
+
+
+def test_aipp_config_reaches_atc_and_a_bad_one_is_refused(model, tmp_path, standin_env, run_cli):
+    """--insert-op-conf passes the AIPP file to ATC as --insert_op_conf; ATC's refusal of a file without
+    an aipp_op block comes back as exit 3 with ATC's code."""
+    good = tmp_path / "aipp.cfg"
+    good.write_text("aipp_op {\n  aipp_mode : static\n  input_format : RGB888_U8\n}\n")
+    r = convert(model, tmp_path / "aipp.om", backend="atc", atc=STANDIN, input_shapes={"x": (1, 3, 8, 8)},
+                insert_op_conf=good)
+    assert Path(r.output).read_bytes()[:4] == b"IMOD"
+    assert f"--insert_op_conf={good}" in json.loads(standin_env.read_text())
+    bad = tmp_path / "bad.cfg"
+    bad.write_text("not an aipp file\n")
+    code, _, err = run_cli("convert", model, "-o", tmp_path / "bad.om", "--backend", "atc", "--atc", STANDIN,
+                           "--input-shape", "x:1,3,8,8", "--insert-op-conf", bad)
+    assert code == 3 and "E10001" in err and "Traceback" not in err
+    assert not (tmp_path / "bad.om").exists()
