@@ -10,7 +10,8 @@ anything):
    leaves (one per edge whose formats differ, none shared) is the **naive plan**.
 2. :class:`PropagateFormats` — format-agnostic ops (elementwise, activations, Softmax/LayerNorm over
    the last axis, views that keep the blocked axes) take their producer's format where the
-   broadcasting/axis check allows.
+   broadcasting/axis check allows (FRACTAL_NZ: other operands (M, N), (1, N) or scalar; an activation
+   operand not in NZ gets its own small TransData, and step 3 moves the node back if that does not pay).
 3. :class:`CancelRoundTrips` — rules (pattern, check, rewrite) that remove X→Y→X pairs around a
    flexible node, or around a chain of them (:data:`CANCEL_RULES`), by moving it to the other format
    when that removes conversions (or, at equal count, bytes); a failed check's reason is kept and
@@ -135,8 +136,10 @@ FORMAT_RULES: dict[str, FormatRule] = {
     "RoiAlign": FormatRule("5hd", note="ROIAlign: " + _5HD_NOTE),
     "MatMul": FormatRule("matmul", (0, 1), 1, "BatchMatMulV2: the cube reads 16x16 FRACTAL_NZ fractals"),
     "Gemm": FormatRule("matmul", (0, 1), 1, "MatMulV2: the cube reads 16x16 FRACTAL_NZ fractals"),
-    "Softmax": FormatRule("lastaxis", note="SoftmaxV2 takes FRACTAL_NZ only when reducing the last axis"),
-    "LogSoftmax": FormatRule("lastaxis", note="LogSoftmaxV2 takes FRACTAL_NZ only over the last axis"),
+    "Softmax": FormatRule("lastaxis", note="SoftmaxV2 has a FRACTAL_NZ kernel for axis = last (-1 or "
+                                           "rank-1; padding masked); other axes run in ND"),
+    "LogSoftmax": FormatRule("lastaxis", note="LogSoftmaxV2 has a FRACTAL_NZ kernel for axis = last (-1 or "
+                                              "rank-1); other axes run in ND"),
     "LayerNormalization": FormatRule("lastaxis", note="LayerNorm takes FRACTAL_NZ only over the last axis"),
     "Reshape": FormatRule("view", note="Reshape keeps a blocked format only if the blocked axes are unchanged"),
     "Squeeze": FormatRule("view", note="Squeeze keeps a blocked format only if the blocked axes are unchanged"),
@@ -156,7 +159,8 @@ _FOLLOW_OPS = {
     "GreaterOrEqual", "And", "Or", "Xor", "Not", "IsNaN", "IsInf", "Shrink", "Trilu",
 }
 for _op in _FOLLOW_OPS:
-    FORMAT_RULES.setdefault(_op, FormatRule("follow", note="elementwise: runs in its producer's format"))
+    FORMAT_RULES.setdefault(_op, FormatRule("follow", note="elementwise: runs in its producer's format; in "
+                                                  "FRACTAL_NZ when other operands are (M, N), (1, N) or scalar"))
 _ND_RULE = FormatRule("nd", note="needs ND (its kernel indexes the logical layout)")
 _AICPU_RULE = FormatRule("nd", note="runs on AI CPU, which takes ND only")
 _CONST_RULE = FormatRule("nd", note="compile-time constant")
@@ -713,12 +717,22 @@ def _check_broadcast(state: PlanState, n: _Node, fmt: str, out_shape: Sequence[i
         if aligned is None:
             return f"input {t} has a higher rank than the output"
         if fmt == NZ:
+            # NZ holds an operand whose last two axes are the output's (M, N), broadcast only along the
+            # outer axes, or a (1, N) row repeated over M (a bias row, an attention mask): the kernel
+            # reuses the operand's one row of fractals per 16-row block. An activation operand is
+            # converted to NZ by its own (small) TransData, counted like any other.
             if aligned[-2:] == tuple(out_shape[-2:]):
                 continue
-            if const and aligned[-2] == 1 and aligned[-1] == out_shape[-1] and all(d == 1 for d in aligned[:-1]):
-                continue  # a bias row, converted at compile time
-            return (f"input {t} {s} broadcasts over the last two axes of {tuple(out_shape)}, "
-                    f"which FRACTAL_NZ blocks")
+            if aligned[-2] == 1 and aligned[-1] == out_shape[-1]:
+                continue
+            what = "a constant" if const else "an activation"
+            if aligned[-1] != out_shape[-1]:
+                return (f"input {t} {s} ({what}) broadcasts along the last axis of {tuple(out_shape)} "
+                        f"(N: {aligned[-1]} -> {out_shape[-1]}), which FRACTAL_NZ blocks into 16-column "
+                        f"fractals; NZ takes only (M, N), (1, N) or scalar operands")
+            return (f"input {t} {s} ({what}) broadcasts over the last two axes of {tuple(out_shape)} "
+                    f"as (M, N) = {tuple(aligned[-2:])}, which FRACTAL_NZ blocks; NZ takes only "
+                    f"(M, N), (1, N) or scalar operands")
         if fmt in PRIVATE_5HD:
             c = 1
             if aligned[c] != out_shape[c]:

@@ -333,3 +333,68 @@ def test_allow_fp32_to_fp16_casts_fp16_only_kernels(tmp_path):
     p = _plan(m, precision_mode="allow_fp32_to_fp16")
     assert p.node_formats["pool"].dtype == "float16" and p.node_formats["relu"].dtype == "float32"
     assert p.node_formats["pool"].engine == "AI Core"
+
+
+def _attention(tmp_path, softmax_axis, mask_shape=(1, 1, 1, 16)):
+    """MatMul -> Div -> Add(mask) -> Softmax -> MatMul; the mask is an activation (computed from an
+    input, as in BERT-style models), broadcast over heads and query rows."""
+    nodes = [helper.make_node("MatMul", ["q", "k"], ["s"], name="qk"),
+             helper.make_node("Div", ["s", "scale"], ["d"], name="div"),
+             helper.make_node("Mul", ["m", "neg"], ["mask"], name="mask_mul"),
+             helper.make_node("Add", ["d", "mask"], ["a"], name="add"),
+             helper.make_node("Softmax", ["a"], ["p"], name="sm", axis=softmax_axis),
+             helper.make_node("MatMul", ["p", "v"], ["y"], name="pv")]
+    inits = [numpy_helper.from_array(np.float32([8.0]), "scale"), numpy_helper.from_array(np.float32([-1e4]), "neg")]
+    return _load(tmp_path, nodes, [_vi("q", [1, 4, 16, 32]), _vi("k", [1, 4, 32, 16]), _vi("v", [1, 4, 16, 32]),
+                                   _vi("m", list(mask_shape))], [_vi("y", [1, 4, 16, 32])], inits)
+
+
+def test_attention_mask_add_and_softmax_stay_nz(tmp_path):
+    m = _attention(tmp_path, -1)
+    p = _plan(m)
+    assert p.node_formats["add"].input_formats == ["FRACTAL_NZ", "FRACTAL_NZ"]
+    assert p.node_formats["sm"].input_formats == ["FRACTAL_NZ"]
+    # no NZ -> ND -> NZ round trip around Add + Softmax: only the small mask is converted
+    assert not any(t.tensor in ("d", "a", "p") for t in p.transdata)
+    mask_td = [t for t in p.transdata if t.tensor == "mask"]
+    assert [(t.src_format, t.dst_format) for t in mask_td] == [("NCHW", "FRACTAL_NZ")]
+    assert mask_td[0].bytes == 16 * 2  # one float16 row
+    assert p.report.transdata_count <= p.report.transdata_naive_count
+    _edge_formats_agree(p, m.model.graph)
+    assert "FRACTAL_NZ kernel for axis = last" in FORMAT_RULES["Softmax"].note
+
+
+def test_attention_softmax_over_another_axis_keeps_nd(tmp_path):
+    m = _attention(tmp_path, 1)
+    p = _plan(m)
+    assert p.node_formats["sm"].input_formats == ["NCHW"]
+    # Add went back to ND with Softmax: converting the mask as well would not pay
+    assert p.node_formats["add"].input_formats[0] == "NCHW"
+    assert not any(t.tensor == "mask" for t in p.transdata)
+    text = "\n".join(p.explain())
+    assert "normalises over axis 1, not the last axis" in text
+    assert p.report.transdata_count <= p.report.transdata_naive_count
+    _edge_formats_agree(p, m.model.graph)
+
+
+def test_column_broadcast_operand_keeps_nd_and_says_why(tmp_path):
+    # a (M, 1) column broadcasts along the last (N) axis: NZ cannot hold it
+    m = _attention(tmp_path, -1, mask_shape=(1, 1, 16, 1))
+    p = _plan(m)
+    assert p.node_formats["add"].input_formats[0] == "NCHW"
+    text = "\n".join(p.explain())
+    assert "broadcasts along the last axis" in text and "(M, N), (1, N) or scalar" in text
+    _edge_formats_agree(p, m.model.graph)
+
+
+def test_minilm_attention_runs_in_nz(real_model):
+    m = load_model(real_model("minilm"), input_shapes={"input_ids": (1, 128), "attention_mask": (1, 128)})
+    p = _plan(m)
+    # 32 before Add(mask) + Softmax could run in FRACTAL_NZ (NZ->ND->NZ around them in each of 3 layers)
+    assert p.report.transdata_count < 32
+    assert p.report.transdata_count <= p.report.transdata_naive_count
+    for layer in range(3):
+        prefix = f"/model/model.0/auto_model/encoder/layer.{layer}/attention/self/"
+        assert p.node_formats[prefix + "Softmax"].input_formats == ["FRACTAL_NZ"]
+        assert not any(t.producer in (prefix + "Div", prefix + "Softmax") for t in p.transdata)
+    _edge_formats_agree(p, m.model.graph)
