@@ -465,8 +465,6 @@ class PlanState:
         return got
 
     def _storage_bytes(self, t: str, fmt: str) -> int:
-        from npu_deploy.converters import formats
-
         shape = self.shapes.get(t)
         if shape is None:
             return 0
@@ -932,8 +930,6 @@ class CancelRoundTrips(Pass):
 def insert_transdata(state: PlanState, *, shared: bool = True, naive: bool = False) -> list[TransData]:
     """TransData for the current formats: one per (tensor, target format) when ``shared``, else one
     per consumer edge. ``naive``: every edge converts, each consumer on its own (the naive plan)."""
-    from npu_deploy.converters import formats  # noqa: F401  (storage sizes)
-
     out: list[TransData] = []
     tensors = list(state.graph_inputs) + [o for n in state.nodes for o in n.node.output if o]
     for t in tensors:

@@ -93,6 +93,25 @@ def real_model():
     return real_model_path
 
 
+def write_example(path: Path, batch: int | str = 1) -> Path:
+    """Write the README example model (``examples/make_example.py``) to ``path``."""
+    import importlib.util
+
+    import onnx
+
+    spec = importlib.util.spec_from_file_location("make_example", REPO / "examples" / "make_example.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    onnx.save(mod.build(batch), path)
+    return path
+
+
+@pytest.fixture
+def example_onnx(tmp_path) -> Path:
+    """The README example model (batch 1), written to ``tmp_path / "example.onnx"``."""
+    return write_example(tmp_path / "example.onnx")
+
+
 @pytest.fixture
 def run_cli():
     """Run the real entry point in-process: ``run_cli("layout", "info", ...)`` → (code, stdout, stderr)."""

@@ -226,20 +226,12 @@ def test_real_model_through_the_cli(run_cli, real_model, tmp_path):
         assert {w.format for w in b.weights.values()} >= {"FRACTAL_Z"}
 
 
-def test_report_lists_every_planned_transdata_with_its_endpoints(run_cli, tmp_path):
+def test_report_lists_every_planned_transdata_with_its_endpoints(run_cli, tmp_path, example_onnx):
     """The issue asks for the ONNX node names of every planned TransData in the report: the terminal
     lists them (all of them when few), and --report holds the full list."""
-    import importlib.util
     import json as _json
 
-    import onnx as _onnx
-
-    spec = importlib.util.spec_from_file_location(
-        "make_example", Path(__file__).resolve().parents[2] / "examples" / "make_example.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    src = tmp_path / "e.onnx"
-    _onnx.save(mod.build(1), src)
+    src = example_onnx
     code, out, err = run_cli("convert", src, "-o", tmp_path / "e.bundle", "--backend", "builtin",
                              "--report", tmp_path / "r.json")
     assert code == 0, err

@@ -3,7 +3,6 @@ is NCHW, the plan's first TransData converts on the device; ATC keeps refusing i
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -18,20 +17,13 @@ from npu_deploy.converters.bundle import read_bundle
 from npu_deploy.converters.onnx_model import load_model
 from npu_deploy.converters.planner import plan
 from npu_deploy.errors import InputError
+from tests.conftest import write_example
 
-EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 RNG = np.random.default_rng(11)
 
 
 def _example(tmp_path, batch=1) -> Path:
-    sys.path.insert(0, str(EXAMPLES))
-    try:
-        from make_example import build
-    finally:
-        sys.path.remove(str(EXAMPLES))
-    path = tmp_path / "example.onnx"
-    onnx.save(build(batch), path)
-    return path
+    return write_example(tmp_path / "example.onnx", batch)
 
 
 def _save(tmp_path, nodes, inputs, outputs, inits=(), name="m.onnx") -> Path:

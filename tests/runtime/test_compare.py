@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -171,22 +170,13 @@ def test_bad_max_outside(pair):
         compare(ref, good, max_outside=5)
 
 
-def test_compare_feeds_channel_first_reference_for_an_nhwc_bundle(tmp_path):
+def test_compare_feeds_channel_first_reference_for_an_nhwc_bundle(tmp_path, example_onnx):
     """A bundle converted with --input-format NHWC takes NHWC arrays; the ONNX reference takes NCHW.
     compare() must feed each the layout it reads, so the verdict compares like with like."""
-    import importlib.util
-
-    import onnx
-
     import npu_deploy
     from npu_deploy.runtime.compare import compare
 
-    spec = importlib.util.spec_from_file_location(
-        "make_example", Path(__file__).resolve().parents[2] / "examples" / "make_example.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    src = tmp_path / "example.onnx"
-    onnx.save(mod.build(1), src)
+    src = example_onnx
     bundle = tmp_path / "nhwc.bundle"
     npu_deploy.convert(src, output=bundle, backend="builtin", input_format="NHWC",
                        precision_mode="must_keep_origin_dtype")

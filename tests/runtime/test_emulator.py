@@ -4,7 +4,6 @@ transfers checked against an index-map oracle, fp16 rounding at op boundaries, e
 from __future__ import annotations
 
 import csv
-from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
@@ -279,23 +278,14 @@ def test_nhwc_input_with_a_graph_format_of_other_axes_is_refused(tmp_path):
         EmulatorBackend(path)
 
 
-def test_profile_places_each_transdata_between_producer_and_first_consumer(tmp_path):
+def test_profile_places_each_transdata_between_producer_and_first_consumer(tmp_path, example_onnx):
     """A conversion runs after the op that produces its tensor and before the first op that reads it;
     one with two consumers (the example's `tokens`) must not drift past the first one."""
-    import importlib.util
-
-    import onnx as _onnx
-
     import npu_deploy
     from npu_deploy.converters.bundle import read_bundle
     from npu_deploy.runtime.emulator import profile_rows
 
-    spec = importlib.util.spec_from_file_location(
-        "make_example", Path(__file__).resolve().parents[2] / "examples" / "make_example.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    src = tmp_path / "example.onnx"
-    _onnx.save(mod.build(1), src)
+    src = example_onnx
     npu_deploy.convert(src, output=tmp_path / "e.bundle", backend="builtin")
     with read_bundle(tmp_path / "e.bundle") as b:
         manifest, graph = b.manifest, b.graph
