@@ -159,6 +159,22 @@ static void tile_copy(char *d, const char *s, i64 nb, i64 na, i64 db, i64 da, i6
     }
 }
 
+/* Advance the odometer over the outer axes (last fastest), moving both pointers; 0 when done. */
+static inline int odometer_next(i64 *idx, int no, const i64 *shape, const i64 *ds, const i64 *ss,
+                                char **d, const char **s) {
+    for (int k = no - 1; k >= 0; k--) {
+        if (++idx[k] < shape[k]) {
+            *d += ds[k];
+            *s += ss[k];
+            return 1;
+        }
+        *d -= (shape[k] - 1) * ds[k];
+        *s -= (shape[k] - 1) * ss[k];
+        idx[k] = 0;
+    }
+    return 0;
+}
+
 int npd_copy(char *dst, const char *src, int nd, const i64 *shape, const i64 *ds, const i64 *ss, i64 es,
              int mode, i64 tile_a, i64 tile_b) {
     if (nd < 1 || nd > NPD_MAXND || es < 1 || (mode == 1 && nd < 2) || (mode != 0 && mode != 1))
@@ -193,19 +209,7 @@ int npd_copy(char *dst, const char *src, int nd, const i64 *shape, const i64 *ds
                 }
             }
         }
-        /* odometer over the outer axes, last fastest */
-        int k = no - 1;
-        for (; k >= 0; k--) {
-            if (++idx[k] < shape[k]) {
-                d += ds[k];
-                s += ss[k];
-                break;
-            }
-            d -= (shape[k] - 1) * ds[k];
-            s -= (shape[k] - 1) * ss[k];
-            idx[k] = 0;
-        }
-        if (k < 0) break;
+        if (!odometer_next(idx, no, shape, ds, ss, &d, &s)) break;
     }
     return 0;
 }
@@ -271,18 +275,7 @@ int npd_tile3(char *dst, const char *src, int nd, const i64 *shape, const i64 *d
                 tile_copy(d + r * rstride, s + r * A * es, A, B, B * es, es, es, bstride, es);
             }
         }
-        int k = no - 1;
-        for (; k >= 0; k--) {
-            if (++idx[k] < shape[k]) {
-                d += ds[k];
-                s += ss[k];
-                break;
-            }
-            d -= (shape[k] - 1) * ds[k];
-            s -= (shape[k] - 1) * ss[k];
-            idx[k] = 0;
-        }
-        if (k < 0) break;
+        if (!odometer_next(idx, no, shape, ds, ss, &d, &s)) break;
     }
     return 0;
 }
