@@ -53,6 +53,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any, ClassVar, Mapping, Sequence
 
+from npu_deploy._text import printable
 from npu_deploy._result import Result
 from npu_deploy.errors import BundleError, InputError, ModelError
 
@@ -801,14 +802,6 @@ def render_text(r: InspectReport, *, ops: bool = False, layers: bool = False, to
         lines.append(f"note: {n}")
     lines.append(r.verdict())
     return "\n".join(printable(line) for line in lines)
-
-
-def printable(text: str) -> str:
-    """Escape control characters (newlines, ANSI escapes) that a stranger's file may carry in names."""
-    if text.isprintable():
-        return text
-    return "".join(c if c.isprintable() else f"\\x{ord(c):02x}" if ord(c) < 256 else f"\\u{ord(c):04x}"
-                   for c in text)
 
 
 __all__ = ["InspectReport", "inspect", "detect_kind", "render_text", "KINDS"]
