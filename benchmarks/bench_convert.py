@@ -96,7 +96,10 @@ print(json.dumps({"seconds": elapsed, "peak_rss": peak}))
 
 
 def run_child(mode: str, src: Path, out: Path) -> dict:
-    proc = subprocess.run([sys.executable, "-c", _CHILD, mode, str(src), str(out)], capture_output=True, text=True)
+    # cwd: the child's sys.path starts with its working directory; the repository root there would
+    # shadow the installed npu_deploy with the repository's partial npu_deploy/ folder
+    proc = subprocess.run([sys.executable, "-c", _CHILD, mode, str(src), str(out)], capture_output=True, text=True,
+                          cwd=Path(src).resolve().parent)
     if proc.returncode != 0:
         raise SystemExit(f"{mode} failed:\n{proc.stderr[-2000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])

@@ -23,7 +23,8 @@ from collections import Counter
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+sys.path.append(str(REPO))  # for tests/ only: last, so the installed npu_deploy wins over the
+                             # repository's partial npu_deploy/ folder (non-editable installs)
 
 from npu_deploy.converters.inspect import inspect  # noqa: E402
 from npu_deploy.converters.om import read_om  # noqa: E402

@@ -20,7 +20,8 @@ from pathlib import Path
 import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+sys.path.append(str(REPO))  # for tests/ only: last, so the installed npu_deploy wins over the
+                             # repository's partial npu_deploy/ folder (non-editable installs)
 
 from npu_deploy.converters import memory  # noqa: E402
 from npu_deploy.converters.cost import (SOC_PROFILES, OpWork, model_tensor_types,  # noqa: E402

@@ -1,11 +1,19 @@
-"""Benchmark: analyse a generated 1,000,000-row op_summary vs ``pandas.read_csv`` of the same file.
+"""Benchmarks of ``npu-deploy profile analyze`` on generated inputs (never kept in the repository).
 
-Targets (issue "npu-deploy profile"): analysis time ≤ 1.5 × pandas.read_csv alone, peak RSS ≤ 300 MB.
+1. A 1,000,000-row op_summary vs ``pandas.read_csv`` of the same file. Targets (issue "npu-deploy
+   profile"): analysis time ≤ 1.5 × pandas.read_csv alone, peak RSS ≤ 300 MB.
+2. ``--timeline GiB``: a Chrome-trace ``trace_view.json`` of that size (torch_npu layout: host, CANN,
+   Ascend Hardware and HCCL processes), analysed by the streaming reader vs ``json.load`` of the same
+   file (what the reader replaced). Target (issue 12): peak RSS ≤ 300 MB whatever the size.
+
 Each measurement runs in a fresh subprocess (so peak RSS is that of the measured work only), the two
-alternate, and the median of ``--repeat`` runs is reported. Figures go to ``benchmarks/README-profile.md``.
+alternate, and the median of ``--repeat`` runs is reported. Figures go to ``benchmarks/README-profile.md``
+(the timeline run replaces only its own section there).
 
     python benchmarks/bench_profile.py [--rows 1000000] [--repeat 3] [--keep FILE]
+    python benchmarks/bench_profile.py --timeline 2 [--repeat 1] [--baseline-gib 0.5]
 
+The script imports the installed ``npu_deploy`` (editable or not); it needs no ``sys.path`` changes.
 pandas is only the yardstick here, not a dependency of npu-deploy.
 """
 
@@ -83,6 +91,53 @@ def generate(path: Path, rows: int, seed: int = 0) -> None:
             i += 1
 
 
+def generate_timeline(path: Path, size_bytes: int, seed: int = 0) -> int:
+    """A torch_npu-style trace_view.json of about ``size_bytes``: metadata first, then per step host
+    events, CANN events, Ascend Hardware kernels (a TransData every 10th) and an HCCL collective.
+    Returns the number of events."""
+    rnd = random.Random(seed)
+    host, cann, hw, hccl = 437675, 43767502, 800, 801
+    meta = [(host, "Python"), (cann, "CANN"), (hw, "Ascend Hardware"), (hccl, "HCCL")]
+    n = 0
+    with open(path, "w", encoding="utf-8") as f:
+        f.write("[\n")
+        for pid, name in meta:
+            f.write(f'{{"ph": "M", "name": "process_name", "pid": {pid}, "tid": 0, "args": {{"name": "{name}"}}}},\n')
+            n += 1
+        f.write(f'{{"ph": "M", "name": "process_labels", "pid": {hw}, "tid": 0, "args": {{"labels": "NPU 0"}}}},\n')
+        f.write(f'{{"ph": "M", "name": "thread_name", "pid": {hw}, "tid": 3, "args": {{"name": "Stream 3"}}}}')
+        n += 2
+        t = 1704161511422904.0
+        i = 0
+        kernels = ("aclnnMm_MatMulCommon_MatMulV2", "aclnnAdd_AddAiCore_Add", "aclnnRelu_ReluAiCore_Relu",
+                   "aclnnInplaceMuls_MulsAiCore_Muls", "aclnnReduceSum_ReduceSumAiCore_ReduceSum")
+        while f.tell() < size_bytes:
+            lines = []
+            for k in range(200):
+                i += 1
+                d = 5.0 + 20.0 * rnd.random()
+                lines.append(f',\n{{"ph": "X", "name": "aten::op_{k % 7}", "pid": {host}, "tid": {host}, '
+                             f'"ts": "{t:.3f}", "dur": {d + 2:.3f}, "args": {{"Sequence number": {i}, '
+                             f'"Fwd thread id": 0}}}}')
+                lines.append(f',\n{{"ph": "X", "name": "AscendCL@aclnnOp_{k % 7}", "pid": {cann}, '
+                             f'"tid": {host}, "ts": "{t + 1:.3f}", "dur": {d:.3f}, "args": {{"Thread Id": {host}, '
+                             f'"Mode": "ACL_OP", "level": "acl", "id": "{i}", "item_id": "0", "connection_id": {i}}}}}')
+                name = "trans_TransData_%d" % i if k % 10 == 0 else kernels[k % 5]
+                lines.append(f',\n{{"ph": "X", "name": "{name}", "pid": {hw}, "tid": 3, "ts": "{t + 3:.3f}", '
+                             f'"dur": {d:.4f}, "args": {{"Model Id": 4294967295, "Task Type": '
+                             f'"{"AI_VECTOR_CORE" if k % 2 else "AI_CORE"}", "Stream Id": 3, "Task Id": {i % 65536}, '
+                             f'"Batch Id": 0, "Subtask Id": 4294967295, "connection_id": {i}}}}}')
+                t += d + 4.0
+                n += 3
+            lines.append(f',\n{{"ph": "X", "name": "hcom_allReduce__{i}_0", "pid": {hccl}, "tid": 0, '
+                         f'"ts": "{t:.3f}", "dur": 150.0, "args": {{"connection_id": {i}}}}}')
+            t += 151.0
+            n += 1
+            f.write("".join(lines))
+        f.write("\n]\n")
+    return n
+
+
 def _child(mode: str, path: str) -> None:
     import resource
 
@@ -93,6 +148,12 @@ def _child(mode: str, path: str) -> None:
 
         df = pd.read_csv(path)
         info = f"{len(df)} rows"
+    elif mode == "json.load":
+        import json
+
+        with open(path, "rb") as f:
+            events = json.load(f)
+        info = f"{len(events)} events"
     else:
         from npu_deploy.profiling.analyze import analyze_profile
 
@@ -111,6 +172,93 @@ def _measure(mode: str, path: Path) -> tuple[float, float, float, str]:
     return float(dt), float(cpu), int(kb) / 1024.0, info
 
 
+def _machine() -> str:
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"{cpu}, {os.cpu_count()} cores"
+
+
+_CSV_SECTION = "<!-- bench_profile.py: generated section -->"
+_SECTION = "<!-- bench_profile.py --timeline: generated section -->"
+
+
+def _replace_section(path: Path, text: str, marker: str = _SECTION) -> None:
+    """Put ``text`` between the two ``marker`` lines of the README (appended when absent); the rest of
+    the file (notes written by hand, the other section) is kept."""
+    old = path.read_text(encoding="utf-8") if path.exists() else ""
+    block = f"{marker}\n{text.rstrip()}\n{marker}\n"
+    if old.count(marker) >= 2:
+        head, _mid, tail = old.split(marker, 2)
+        new = head + block + tail.lstrip("\n")
+    else:
+        new = old.rstrip("\n") + "\n\n" + block
+    path.write_text(new, encoding="utf-8")
+
+
+def timeline_main(a) -> None:
+    tmp = tempfile.mkdtemp()
+    try:
+        big = Path(tmp) / "big" / "trace_view.json"
+        small = Path(tmp) / "small" / "trace_view.json"
+        big.parent.mkdir()
+        small.parent.mkdir()
+        t0 = time.perf_counter()
+        n_big = generate_timeline(big, int(a.timeline * (1 << 30)))
+        gen_s = time.perf_counter() - t0
+        n_small = generate_timeline(small, int(a.baseline_gib * (1 << 30)))
+        runs: dict[str, list] = {"ours big": [], "ours small": [], "json.load small": []}
+        verdict = ""
+        for _ in range(a.repeat):
+            runs["json.load small"].append(_measure("json.load", small))
+            runs["ours small"].append(_measure("ours", small))
+            m = _measure("ours", big)
+            runs["ours big"].append(m)
+            verdict = m[3]
+
+        def med(key, i):
+            return statistics.median(r[i] for r in runs[key])
+
+        gib_big, gib_small = big.stat().st_size / (1 << 30), small.stat().st_size / (1 << 30)
+        load = os.getloadavg()
+        text = f"""## `npu-deploy profile analyze`: a {gib_big:.2f} GiB trace_view.json, streamed
+
+Generated by `benchmarks/bench_profile.py --timeline {a.timeline:g}` (torch_npu layout, bare JSON array:
+host `Python` and `CANN` events, `Ascend Hardware` kernels with a TransData every 10th, an HCCL collective
+every 600 events; {n_big:,} events in {gib_big:.2f} GiB, generated in {gen_s:.0f} s). The streaming reader
+decodes one event at a time over a 1 MiB window, in two passes (names and time order, then the events).
+`json.load` (the reader it replaced) is measured side by side on a {gib_small:.2f} GiB file of the same
+kind ({n_small:,} events); on the full file it needs several times the file size in memory (4.1 GB was
+seen for 2 GiB). Median of {a.repeat} run(s), each in a fresh process; peak RSS is the whole process.
+Load average at the end: {load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f} on {os.cpu_count()} cores (other agents
+were running), so wall times are inflated; CPU times are less so.
+
+| machine | Python | file | reader | CPU / wall | peak RSS (target ≤ 300 MB) |
+|---|---|---|---|---|---|
+| {_machine()} | {platform.python_version()} | {gib_big:.2f} GiB | streaming (`analyze_profile`) | {med("ours big", 1):.1f} s / {med("ours big", 0):.1f} s | **{med("ours big", 2):.0f} MB** |
+| | | {gib_small:.2f} GiB | streaming (`analyze_profile`) | {med("ours small", 1):.1f} s / {med("ours small", 0):.1f} s | **{med("ours small", 2):.0f} MB** |
+| | | {gib_small:.2f} GiB | `json.load` alone | {med("json.load small", 1):.1f} s / {med("json.load small", 0):.1f} s | {med("json.load small", 2):.0f} MB |
+
+Throughput of the streaming analysis: {gib_big * 1024 / med("ours big", 1):.0f} MiB of timeline per CPU second.
+Verdict on the {gib_big:.2f} GiB file: `{verdict}`.
+"""
+        print(text)
+        if a.out:
+            _replace_section(Path(a.out), text)
+    finally:
+        for p in (Path(tmp) / "big" / "trace_view.json", Path(tmp) / "small" / "trace_view.json"):
+            if p.exists():
+                p.unlink()
+        for d in (Path(tmp) / "big", Path(tmp) / "small", Path(tmp)):
+            if d.exists():
+                d.rmdir()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rows", type=int, default=1_000_000)
@@ -118,9 +266,16 @@ def main() -> None:
     ap.add_argument("--keep", default=None, help="write the generated file here and keep it")
     ap.add_argument("--child", nargs=2, default=None, help=argparse.SUPPRESS)
     ap.add_argument("--out", default=str(Path(__file__).with_name("README-profile.md")))
+    ap.add_argument("--timeline", type=float, default=None, metavar="GIB",
+                    help="benchmark the streaming timeline reader on a generated trace_view.json of GIB GiB")
+    ap.add_argument("--baseline-gib", type=float, default=0.25,
+                    help="size of the file json.load is measured on (it needs several times it in memory)")
     a = ap.parse_args()
     if a.child:
         _child(*a.child)
+        return
+    if a.timeline is not None:
+        timeline_main(a)
         return
     tmp = None
     if a.keep:
@@ -176,7 +331,8 @@ All runs (CPU s): pandas {', '.join(f'{x:.2f}' for x in pandas_cpu)}; ours {', '
 All runs (wall s): pandas {', '.join(f'{x:.2f}' for x in pandas_t)}; ours {', '.join(f'{x:.2f}' for x in ours_t)}.
 Verdict on the generated file: `{verdict}`.
 """
-    Path(a.out).write_text(text, encoding="utf-8")
+    if a.out:
+        _replace_section(Path(a.out), text, _CSV_SECTION)
     print(text)
     if tmp:
         path.unlink()

@@ -8,6 +8,7 @@ from __future__ import annotations
 import click
 
 from npu_deploy.cli.options import apply, parse_input_shapes, refuse_overwriting, tolerance_options
+from npu_deploy._text import printable
 from npu_deploy.errors import InputError
 
 
@@ -44,16 +45,17 @@ def command(ctx, reference, target, atol, rtol, cosine_min, max_outside, inputs,
 
     Example: npu-deploy compare model.onnx model.bundle --save-inputs case.npz
     """
-    from npu_deploy.cli.run import build_feeds
-    from npu_deploy.runtime.compare import compare, load_inputs as load_npz
+    from npu_deploy.cli.run import build_feeds, input_files
+    from npu_deploy.runtime.compare import check_thresholds, compare, load_inputs as load_npz
     from npu_deploy.runtime.session import InferenceSession
 
     if load_inputs and inputs:
         raise InputError("give either --load-inputs or --input, not both")
     # --save-inputs may rewrite the --load-inputs file (same arrays); it may not replace a model
+    check_thresholds(atol=atol, rtol=rtol, cosine_min=cosine_min, max_outside=max_outside)
     refuse_overwriting([("--save-inputs", save_inputs), ("--json", json_path)],
                        [("reference model", reference), ("target model", target),
-                        *[("input file", i.partition("=")[2] or i) for i in inputs if "," not in i]])
+                        *[("input file", p) for p in input_files(inputs)]])
     if json_path and load_inputs:
         refuse_overwriting([("--json", json_path)], [("--load-inputs file", load_inputs)])
     shapes = parse_input_shapes(input_shape, option="--input-shape")
@@ -76,7 +78,7 @@ def command(ctx, reference, target, atol, rtol, cosine_min, max_outside, inputs,
     click.echo(f"reference: {reference} (onnxruntime, float32)")
     click.echo(f"target:    {target} ({res.backend})")
     for n, info in res.inputs.items():
-        click.echo(f"  input {n}: {info['dtype']} {tuple(info['shape'])}")
+        click.echo(printable(f"  input {n}: {info['dtype']} {tuple(info['shape'])}"))
     if save_inputs:
         click.echo(f"inputs saved: {save_inputs}")
     click.echo(res.table())

@@ -5,8 +5,8 @@ from __future__ import annotations
 import click
 
 from npu_deploy.cli.options import parse_input_shapes, parse_int_list, refuse_overwriting, soc_option
+from npu_deploy.converters.options import ALL_INPUT_FORMATS, ALL_PRECISION_MODES, BACKENDS
 
-_PRECISIONS = ["force_fp16", "allow_fp32_to_fp16", "must_keep_origin_dtype", "allow_mix_precision"]
 
 
 def _dims(text: str | None) -> list[tuple[int, ...]] | None:
@@ -24,13 +24,13 @@ def _dims(text: str | None) -> list[tuple[int, ...]] | None:
 @click.option("-o", "--output", default=None, metavar="OUT",
               help="Output file (default MODEL.bundle, or MODEL.om with ATC). A bundle is written exactly "
                    "to OUT; ATC appends .om when OUT lacks it and may add an _<os>_<arch> suffix.")
-@click.option("--backend", type=click.Choice(["auto", "atc", "builtin"]), default="auto", show_default=True,
+@click.option("--backend", type=click.Choice(BACKENDS), default="auto", show_default=True,
               help="atc: CANN's compiler; builtin: npu-deploy's lowering to an offline bundle; "
                    "auto: ATC when found, else builtin.")
 @soc_option
 @click.option("--input-shape", "input_shape", default=None, metavar='"x:1,3,224,224;y:1,128"',
               help="Fix input shapes (ATC --input_shape); -1 marks a gear dimension.")
-@click.option("--input-format", type=click.Choice(["NCHW", "NHWC", "ND", "NCDHW", "NDHWC"]), default=None,
+@click.option("--input-format", type=click.Choice(ALL_INPUT_FORMATS), default=None,
               help="Layout the host feeds 4-D (NCHW/NHWC) or 5-D (NCDHW/NDHWC) inputs in; ND for all "
                    "(ATC --input_format). NHWC/NDHWC: built-in backend only (converted on the device); "
                    "ATC takes NCHW, NCDHW or ND for ONNX.")
@@ -38,8 +38,10 @@ def _dims(text: str | None) -> list[tuple[int, ...]] | None:
               help="Batch gears (ATC --dynamic_batch_size).")
 @click.option("--dynamic-dims", default=None, metavar='"1,128;4,256"',
               help="Gears for the -1 dims of --input-shape (ATC --dynamic_dims).")
-@click.option("--precision-mode", type=click.Choice(_PRECISIONS), default=None,
-              help="ATC precision mode (default force_fp16).")
+@click.option("--precision-mode", type=click.Choice(ALL_PRECISION_MODES), default=None,
+              help="ATC precision mode (default force_fp16). The built-in lowering implements force_fp16, "
+                   "allow_fp32_to_fp16, must_keep_origin_dtype and allow_mix_precision; the others are "
+                   "ATC's only.")
 @click.option("--keep-dtype", default=None, metavar="NODE,...",
               help="Nodes (or OpType::X) kept in float32 (ATC --keep_dtype).")
 @click.option("--enable-small-channel", is_flag=True, help="NC1HWC0_C04 for a first conv with <= 4 channels.")
@@ -72,12 +74,8 @@ def command(model, output, backend, soc, input_shape, input_format, dynamic_batc
         keep_dtype=[k for k in (keep_dtype or "").split(",") if k.strip()] or None,
         enable_small_channel=enable_small_channel, atc_args=atc_args, timeout=timeout, report=report,
         progress=progress, atc=atc_path, insert_op_conf=insert_op_conf)
-    if result.backend != "atc":
-        unused = [opt for opt, v in (("--atc-arg", atc_args), ("--timeout", timeout), ("--atc", atc_path),
-                                           ("--insert-op-conf", insert_op_conf)) if v]
-        if unused:
-            click.echo(f"npu-deploy: warning: {', '.join(unused)} only apply to the ATC backend; the built-in "
-                       f"lowering ran and ignored {'it' if len(unused) == 1 else 'them'}", err=True)
+    for note in result.notes:
+        click.echo(f"npu-deploy: warning: {note}", err=True)
     if not quiet:
         click.echo(f"backend: {result.backend} ({result.backend_reason})")
         click.echo(f"op support: {result.support['verdict']}")

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import click
 
-from npu_deploy.cli.options import parse_input_shapes, parse_int_list
+from npu_deploy.cli.options import parse_input_shapes, parse_int_list, refuse_overwriting
 
 
 @click.command("inspect", context_settings={"help_option_names": ["-h", "--help"]})
@@ -25,8 +25,13 @@ from npu_deploy.cli.options import parse_input_shapes, parse_int_list
               help="With --soc: fix dynamic input dimensions (ATC --input_shape syntax).")
 @click.option("--dynamic-batch", default=None, metavar="B1,B2,...", help="With --soc: batch gears.")
 @click.option("--no-verify", is_flag=True, help="Skip the bundle weight checksum (large bundles).")
+@click.option("--against", "against_onnx", type=click.Path(dir_okay=False), default=None, metavar="MODEL.onnx",
+              help="FILE is an .om: diff the TransData ATC placed against the built-in plan of the ONNX model "
+                   "it was built from (the .om's SoC and input shapes; --soc when it records none).")
+@click.option("--fail-on-diff", is_flag=True, help="With --against: exit 1 when the two differ.")
 @click.pass_context
-def command(ctx, file, json_path, ops, layers, soc, precision_mode, input_shape, dynamic_batch, no_verify):
+def command(ctx, file, json_path, ops, layers, soc, precision_mode, input_shape, dynamic_batch, no_verify,
+            against_onnx, fail_on_diff):
     """Show what FILE holds: inputs/outputs, dtypes, shapes and gears, ops, and where layouts change.
 
     FILE may be an ONNX model, an npu-deploy offline bundle or an ATC .om (no CANN needed); the kind
@@ -35,6 +40,19 @@ def command(ctx, file, json_path, ops, layers, soc, precision_mode, input_shape,
     """
     from npu_deploy.converters.inspect import inspect, render_text
 
+    refuse_overwriting([("--json", json_path)], [("inspected file", file)])
+    if fail_on_diff and against_onnx is None:
+        raise click.UsageError("--fail-on-diff goes with --against MODEL.onnx")
+    if against_onnx is not None:
+        from npu_deploy.converters import against
+
+        refuse_overwriting([("--json", json_path)], [("--against model", against_onnx)])
+        diff = against.against(file, against_onnx, soc=soc, precision_mode=precision_mode,
+                               input_shapes=parse_input_shapes(input_shape) or None)
+        if json_path:
+            diff.to_json(json_path)
+        click.echo(against.render_text(diff, ops=ops))
+        ctx.exit(1 if fail_on_diff and not diff else 0)
     report = inspect(file, soc=soc, ops=ops, layers=layers,
                      input_shapes=parse_input_shapes(input_shape) or None,
                      dynamic_batch=parse_int_list(dynamic_batch, option="--dynamic-batch") or None,

@@ -11,6 +11,7 @@ from pathlib import Path
 import click
 import numpy as np
 
+from npu_deploy._io import atomic_path, load_npy, refuse_overwriting
 from npu_deploy.errors import FormatError, InputError
 
 _NPY_MAGIC = b"\x93NUMPY"
@@ -115,10 +116,7 @@ def _read_input(path: Path, dtype, shape_for_raw, expected_nbytes) -> np.ndarray
         if head != _NPY_MAGIC:
             raise InputError(f"{path} is not a .npy file (no NUMPY header)",
                              hint="raw device dumps should be named .bin")
-        try:
-            arr = np.load(path, allow_pickle=False)
-        except (ValueError, OSError, EOFError) as e:
-            raise InputError(f"cannot read {path} as .npy: {e}", hint="re-save it with numpy.save") from None
+        arr = load_npy(path)
         if not isinstance(arr, np.ndarray):
             raise InputError(f"{path} does not hold a single array")
         if dtype is not None and arr.dtype != dtype:
@@ -140,8 +138,6 @@ def _read_input(path: Path, dtype, shape_for_raw, expected_nbytes) -> np.ndarray
 
 
 def _write_output(path: Path, arr: np.ndarray) -> None:
-    from npu_deploy._io import atomic_path
-
     with atomic_path(path) as tmp:
         if path.suffix.lower() == ".npy":
             with open(tmp, "wb") as fh:
@@ -171,6 +167,7 @@ def convert(in_path, out_path, src, dst, shape_text, dtype_text, c0, groups, ori
     """
     from npu_deploy.converters import formats
 
+    refuse_overwriting([("OUT", out_path)], [("input IN", in_path)])
     if not src or not dst:
         raise InputError("layout convert needs --from and --to", hint="example: --from NCHW --to NC1HWC0")
     sf, df = formats.get_format(src), formats.get_format(dst)

@@ -6,7 +6,14 @@ Helpers here parse the user's strings (``"x:1,3,224,224;y:1,128"``) into Python 
 
 from __future__ import annotations
 
+import math
+
 import click
+
+from npu_deploy._io import refuse_overwriting, same_file  # noqa: F401  (shared by every command)
+
+# A dimension or an element count beyond this cannot be addressed (int64); larger is a typo or an attack.
+MAX_ELEMENTS = 2**62
 
 
 def parse_shape(text: str, *, option: str = "--shape") -> tuple[int, ...]:
@@ -26,7 +33,12 @@ def parse_shape(text: str, *, option: str = "--shape") -> tuple[int, ...]:
             raise click.BadParameter(f"{text!r}: {part!r} is not an integer dimension", param_hint=option)
         if v < 0:
             raise click.BadParameter(f"{text!r}: dimension {v} is negative", param_hint=option)
+        if v > MAX_ELEMENTS:
+            raise click.BadParameter(f"{text!r}: dimension {v} is too large (at most 2**62)", param_hint=option)
         dims.append(v)
+    if math.prod(d for d in dims if d > 0) > MAX_ELEMENTS:
+        raise click.BadParameter(f"{text!r}: {math.prod(d for d in dims if d > 0):.3g} elements is too many "
+                                 f"(at most 2**62)", param_hint=option)
     return tuple(dims)
 
 
@@ -61,10 +73,14 @@ SOCS = ["Ascend310P3", "Ascend910B", "Ascend310B1", "Ascend310", "Ascend910"]
 soc_option = click.option("--soc", "soc", default=None, metavar="SOC",
                           help="Target SoC, as ATC's --soc_version (default Ascend310P3).")
 
+
 tolerance_options = [
-    click.option("--atol", type=float, default=None, help="Absolute tolerance (default by precision)."),
-    click.option("--rtol", type=float, default=None, help="Relative tolerance (default by precision)."),
+    click.option("--atol", type=float, default=None,
+                 help="Absolute tolerance, finite and >= 0 (default by precision)."),
+    click.option("--rtol", type=float, default=None,
+                 help="Relative tolerance, finite and >= 0 (default by precision)."),
 ]
+# (checked by npu_deploy.runtime.compare.check_thresholds, the one place that decides what is valid)
 
 
 def apply(options):
@@ -74,32 +90,3 @@ def apply(options):
             f = opt(f)
         return f
     return deco
-
-
-def same_file(a, b) -> bool:
-    """True when paths ``a`` and ``b`` name the same file (also through links or ``./`` spellings)."""
-    import os
-
-    try:
-        return os.path.samefile(a, b)
-    except OSError:  # one of them does not exist (yet): compare the resolved spellings
-        return os.path.realpath(a) == os.path.realpath(b)
-
-
-def refuse_overwriting(outputs, inputs) -> None:
-    """Raise ``InputError`` (exit 2) when an output option names one of the command's input files, or
-    two output options name one file: the write would destroy data the user still needs.
-    ``outputs``/``inputs``: ``(option or role, path or None)`` pairs."""
-    from npu_deploy.errors import InputError
-
-    outs = [(o, p) for o, p in outputs if p is not None]
-    for opt, path in outs:
-        for role, src in inputs:
-            if src is not None and same_file(path, src):
-                raise InputError(f"{opt} {path} is the {role} itself: writing it would overwrite it",
-                                 hint=f"choose another {opt} path")
-    for i, (o1, p1) in enumerate(outs):
-        for o2, p2 in outs[i + 1:]:
-            if same_file(p1, p2):
-                raise InputError(f"{o1} and {o2} both name {p1}: one would replace the other",
-                                 hint="give each output its own path")

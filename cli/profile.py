@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import click
 
+from npu_deploy._text import printable
 from npu_deploy.cli.options import apply, parse_input_shapes, refuse_overwriting
+from npu_deploy.profiling.analyze import FORMATTRANS_THRESHOLD_PCT
 
 _CTX = {"help_option_names": ["-h", "--help"]}
 
 _analysis_options = [
-    click.option("--threshold", type=click.FloatRange(0, 100), default=8.0, show_default=True,
+    click.option("--threshold", type=click.FloatRange(0, 100), default=FORMATTRANS_THRESHOLD_PCT, show_default=True,
                  help="Flag when FormatTrans exceeds this % of device compute time."),
     click.option("--include-transpose/--no-include-transpose", default=True, show_default=True,
                  help="Count Transpose, TransposeD and ConfusionTransposeD in the flagged total."),
@@ -17,7 +19,8 @@ _analysis_options = [
                  help="Write the full report as JSON (schema npu-deploy/profile-report v1)."),
     click.option("--html", "html_path", type=click.Path(dir_okay=False), default=None,
                  help="Write a self-contained HTML report."),
-    click.option("--fail-on-flag", is_flag=True, help="Exit 1 when the share is above the threshold (for CI)."),
+    click.option("--fail-on-flag", is_flag=True,
+                 help="Exit 1 when the share is above the threshold, overall or in any one capture or device (for CI)."),
     click.option("--top", type=click.IntRange(1, 1000), default=10, show_default=True,
                  help="Rows in the terminal tables."),
 ]
@@ -39,7 +42,7 @@ def _finish(ctx: click.Context, report, json_path, html_path, fail_on_flag, top)
     from npu_deploy.profiling.report import render_text, write_html
 
     for w in report.warnings:
-        click.echo(f"npu-deploy: warning: {w}", err=True)
+        click.echo(f"npu-deploy: warning: {printable(w)}", err=True)
     if json_path:
         report.to_json(json_path)
     if html_path:
@@ -49,7 +52,7 @@ def _finish(ctx: click.Context, report, json_path, html_path, fail_on_flag, top)
         click.echo(f"JSON report: {json_path}")
     if html_path:
         click.echo(f"HTML report: {html_path}")
-    click.echo(report.verdict())
+    click.echo(printable(report.verdict()))
     ctx.exit(1 if (fail_on_flag and report.flagged) else 0)
 
 
@@ -60,9 +63,13 @@ def _finish(ctx: click.Context, report, json_path, html_path, fail_on_flag, top)
 def analyze(ctx, path, threshold, include_transpose, json_path, html_path, fail_on_flag, top):
     """Analyse what msprof / torch_npu / MindSpore wrote under PATH.
 
-    PATH is a PROF_* folder, a *_ascend_pt / *_ascend_ms folder, a folder holding several of them, an
-    msprof_*.db / ascend_pytorch_profiler*.db export, or one op_summary / kernel_details / op_statistic
-    CSV or timeline JSON. Shares are of device compute time (communication excluded).
+    PATH is a PROF_* folder, a *_ascend_pt / *_ascend_ms folder, a MindSpore 1.x profiler folder
+    (aicore_intermediate_*_type.csv), a folder holding several of them, an msprof_*.db /
+    ascend_pytorch_profiler*.db export, or one op_summary / kernel_details / op_statistic CSV or
+    timeline JSON. Shares are of device compute time (communication excluded).
+
+    With several captures or devices, each gets its own verdict line, then the summary; one above
+    the threshold flags the run (and fails it with --fail-on-flag).
 
     One source is read per capture, the richest; two copies of the same data (a kernel_details.csv and the
     op_summary it was made from, a capture copied twice) are read once, and the output lists every file

@@ -6,14 +6,21 @@ ais_bench spellings are accepted as aliases: ``--dymBatch`` (= ``--batch-size``)
 
 from __future__ import annotations
 
+import json
+import math
 import sys
 from pathlib import Path
 
 import click
 import numpy as np
 
+from npu_deploy._io import atomic_path, atomic_write, check_dest, load_npy, make_output_folder, safe_file_stem
+from npu_deploy._text import printable
 from npu_deploy.cli.options import parse_input_shapes, parse_int_list, refuse_overwriting
 from npu_deploy.errors import InputError
+
+# written beside the outputs when a tensor name is not its file's name: {file name: tensor name}
+NAMES_FILE = "output_names.json"
 
 
 def load_array(path: str | Path, meta=None, shape: tuple[int, ...] | None = None) -> np.ndarray:
@@ -22,30 +29,29 @@ def load_array(path: str | Path, meta=None, shape: tuple[int, ...] | None = None
     if not p.is_file():
         raise InputError(f"input file {p} does not exist", hint="check the --input path")
     if p.suffix.lower() == ".npy":
-        try:
-            return np.load(p, allow_pickle=False)
-        except (ValueError, OSError) as e:
-            raise InputError(f"{p}: not a readable .npy array ({e})",
-                             hint="save inputs with numpy.save, or give raw .bin files") from e
+        return load_npy(p)
     if meta is None:
         raise InputError(f"{p}: a .bin input needs a model input to take its dtype and shape from",
                          hint="name the input: --input NAME=FILE.bin")
     want = shape if shape is not None else meta.shape
-    raw = p.read_bytes()
+    size = p.stat().st_size
     if any(d < 0 for d in want):
-        if len(raw) % meta.dtype.itemsize:
-            raise InputError(f"{p}: {len(raw)} bytes is not a whole number of {meta.dtype.name} values")
-        known = int(np.prod([d for d in want if d >= 0] or [1]))
-        n = len(raw) // meta.dtype.itemsize
+        if size % meta.dtype.itemsize:
+            raise InputError(f"{p}: {size} bytes is not a whole number of {meta.dtype.name} values")
+        known = math.prod(d for d in want if d >= 0)
+        n = size // meta.dtype.itemsize
         if [d for d in want if d < 0] != [-1] or known == 0 or n % known:
             raise InputError(f"{p}: cannot tell the shape of a raw .bin for input {meta.name!r} "
                              f"with dynamic shape {meta.shape}",
                              hint="give --input-shape (--dymDims) or --batch-size, or use .npy files")
         want = tuple(n // known if d < 0 else d for d in want)
-    need = int(np.prod(want)) * meta.dtype.itemsize
-    if len(raw) != need:
-        raise InputError(f"{p}: {len(raw)} bytes, but input {meta.name!r} {tuple(want)} {meta.dtype.name} "
+    need = math.prod(want) * meta.dtype.itemsize
+    if size != need:  # checked before reading: the size must match the model, whatever the file claims
+        raise InputError(f"{p}: {size} bytes, but input {meta.name!r} {tuple(want)} {meta.dtype.name} "
                          f"needs {need}", hint="check the file matches the model input (or use .npy)")
+    raw = p.read_bytes()
+    if len(raw) != need:
+        raise InputError(f"{p} changed while it was read ({len(raw)} bytes, not {need})")
     return np.frombuffer(raw, dtype=meta.dtype).reshape(want).copy()
 
 
@@ -78,11 +84,23 @@ def resolve_shape(meta, shapes: dict, batch: int | None) -> tuple[int, ...]:
     return tuple(meta.shape)
 
 
+def input_files(inputs: tuple[str, ...]) -> list[str]:
+    """The file paths named by ``--input`` values (``NAME=FILE`` or comma-separated files)."""
+    paths = []
+    for item in inputs:
+        for part in (item.split(",") if "=" not in item else [item]):
+            part = part.strip()
+            if part:
+                paths.append(part.partition("=")[2] if "=" in part else part)
+    return paths
+
+
 def build_feeds(metas, inputs: tuple[str, ...], input_dir: str | None, pure_data: str, shapes: dict,
-                batch: int | None, seed: int = 0) -> dict[str, np.ndarray]:
+                batch: int | None, seed: int = 0, sources: list | None = None) -> dict[str, np.ndarray]:
     """Feeds from ``--input`` (``NAME=FILE`` or files in input order, comma-separated like ais_bench),
     ``--input-dir`` (``<name>.npy`` / ``<name>.bin``), else generated (``--pure-data`` ``"zero"`` or
-    ``"random"``; ``None`` returns only the given ones)."""
+    ``"random"``; ``None`` returns only the given ones). ``sources``, when given, collects the files read."""
+    sources = [] if sources is None else sources
     by_name = {m.name: m for m in metas}
     feeds: dict[str, np.ndarray] = {}
     positional: list[str] = []
@@ -97,6 +115,7 @@ def build_feeds(metas, inputs: tuple[str, ...], input_dir: str | None, pure_data
                     raise InputError(f"--input {part}: the model has no input {name!r}",
                                      hint=f"inputs are {', '.join(by_name)}")
                 feeds[name] = load_array(path, by_name[name], _shape_or_none(by_name[name], shapes, batch))
+                sources.append(path)
             else:
                 positional.append(part)
     if positional:
@@ -106,6 +125,7 @@ def build_feeds(metas, inputs: tuple[str, ...], input_dir: str | None, pure_data
                              hint=f"inputs are {', '.join(m.name for m in metas)}")
         for m, path in zip(free, positional):
             feeds[m.name] = load_array(path, m, _shape_or_none(m, shapes, batch))
+            sources.append(path)
     if input_dir is not None:
         d = Path(input_dir)
         if not d.is_dir():
@@ -113,10 +133,11 @@ def build_feeds(metas, inputs: tuple[str, ...], input_dir: str | None, pure_data
         for m in metas:
             if m.name in feeds:
                 continue
-            safe = m.name.replace("/", "_").replace(":", "_")
+            safe = safe_file_stem(m.name)
             for cand in (d / f"{safe}.npy", d / f"{safe}.bin"):
                 if cand.is_file():
                     feeds[m.name] = load_array(cand, m, _shape_or_none(m, shapes, batch))
+                    sources.append(str(cand))
                     break
             else:
                 raise InputError(f"--input-dir {d}: no {safe}.npy or {safe}.bin for input {m.name!r}")
@@ -149,24 +170,30 @@ def _shape_or_none(meta, shapes, batch):
         return None
 
 
-def save_outputs(out_dir: str, names: list[str], outs: list[np.ndarray], outfmt: str) -> list[Path]:
-    from npu_deploy._io import atomic_path
-
+def output_paths(out_dir: str, names: list[str], outfmt: str) -> list[Path]:
+    """The file each output goes to: ``<safe name>.<outfmt>``, distinct even where names differ only
+    in case or in characters a file name cannot hold (see :func:`npu_deploy._io.safe_file_stem`)."""
     d = Path(out_dir)
-    try:
-        d.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise InputError(f"cannot create output folder {d}: {e.strerror}") from e
-    written = []
-    taken: set[str] = set()
-    for name, arr in zip(names, outs):
-        safe = name.replace("/", "_").replace(":", "_")
+    paths = []
+    taken: set[str] = {Path(NAMES_FILE).stem.lower()}
+    for name in names:
+        safe = safe_file_stem(name)
         stem, k = safe, 1
         while stem.lower() in taken:  # "a/b" and "a_b" must not land in one file
             k += 1
             stem = f"{safe}_{k}"
         taken.add(stem.lower())
-        path = d / f"{stem}.{outfmt}"
+        paths.append(d / f"{stem}.{outfmt}")
+    return paths
+
+
+def save_outputs(out_dir: str, names: list[str], outs: list[np.ndarray], outfmt: str) -> list[Path]:
+    """Write one file per output (``.npy`` or raw ``.bin``); when a file name is not the tensor's
+    name, also ``output_names.json`` mapping file names to tensor names."""
+    d = make_output_folder(out_dir)
+    paths = output_paths(out_dir, names, outfmt)
+    written = []
+    for path, arr in zip(paths, outs):
         with atomic_path(path) as tmp:
             with open(tmp, "wb") as f:
                 if outfmt == "npy":
@@ -174,6 +201,12 @@ def save_outputs(out_dir: str, names: list[str], outs: list[np.ndarray], outfmt:
                 else:
                     f.write(np.ascontiguousarray(arr).tobytes())
         written.append(path)
+    renamed = {p.name: n for p, n in zip(paths, names) if p.stem != n}
+    if renamed:
+        with atomic_write(d / NAMES_FILE, "w", encoding="utf-8") as f:
+            json.dump(renamed, f, indent=2, ensure_ascii=False)
+            f.write("\n")
+        written.append(d / NAMES_FILE)
     return written
 
 
@@ -228,20 +261,24 @@ def command(ctx, model, inputs, input_dir, pure_data, loop, warmup, batch_size, 
         raise InputError(f"--batch-size {batch_size}: must be at least 1")
     shapes = parse_input_shapes(input_shape, option="--input-shape")
     sizes = parse_int_list(output_size, option="--output-size")
-    given = [("input file", item.partition("=")[2] or item) for item in inputs if "," not in item]
+    given = [("input file", p) for p in input_files(inputs)]
     refuse_overwriting([("--json", json_path)], [("model", model), *given])
     if json_path is not None:  # before the runs, not after minutes of them
-        from npu_deploy._io import _check_dest
-
-        _check_dest(Path(json_path))
+        check_dest(Path(json_path))
     outfmt = outfmt.lower()
     with InferenceSession(model, device_id=device_id, backend=backend, profile=profile_dir is not None,
                           profile_dir=profile_dir) as sess:
         metas = sess.get_inputs()
-        feeds = build_feeds(metas, inputs, input_dir, pure_data, shapes, batch_size, seed)
+        sources: list[str] = []
+        feeds = build_feeds(metas, inputs, input_dir, pure_data, shapes, batch_size, seed, sources)
+        names = [m.name for m in sess.get_outputs()]
+        if output_dir is not None:  # before the runs: an output file must not be one of the inputs
+            planned = output_paths(output_dir, names, outfmt) + [Path(output_dir) / NAMES_FILE]
+            refuse_overwriting([("--output file", p) for p in planned] + [("--json", json_path)],
+                               [("model", model), *[("input file", p) for p in sources]])
         click.echo(f"model: {model}  backend: {sess.backend_name}")
         for n, a in feeds.items():
-            click.echo(f"  input  {n}: {a.dtype.name} {tuple(a.shape)}")
+            click.echo(printable(f"  input  {n}: {a.dtype.name} {tuple(a.shape)}"))
         if sizes:
             click.echo("  note: --output-size is not needed here and is ignored: outputs are sized from the "
                        "model (static or gear shapes)")
@@ -252,12 +289,11 @@ def command(ctx, model, inputs, input_dir, pure_data, loop, warmup, batch_size, 
                                       progress=lambda i: bar.update(1))
         else:
             res, outs = benchmark(sess, feeds, loop=loop, warmup=warmup, model=str(model))
-        names = [m.name for m in sess.get_outputs()]
         for n, o in zip(names, outs):
-            click.echo(f"  output {n}: {o.dtype.name} {tuple(o.shape)}")
+            click.echo(printable(f"  output {n}: {o.dtype.name} {tuple(o.shape)}"))
         if output_dir is not None:
             written = save_outputs(output_dir, names, outs, outfmt)
-            click.echo(f"outputs written: {', '.join(str(p) for p in written)}")
+            click.echo(printable(f"outputs written: {', '.join(str(p) for p in written)}"))
     click.echo(res.table())
     if sess.backend_name == "emulator":
         click.echo("note: emulator times are CPU times of onnxruntime, not NPU device times")

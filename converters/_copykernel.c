@@ -6,8 +6,9 @@
  *
  *   mode 0 ("rows"):  the last axis is the inner loop; a run contiguous on both sides is one memcpy.
  *   mode 1 ("tiles"): the last axis (a) is innermost in dst, the one before (b) innermost in src;
- *                     they are walked in tile_b x tile_a cache blocks (2-byte elements with
- *                     unit strides use an SSE2 8x8 transpose where available).
+ *                     they are walked in tile_b x tile_a cache blocks (1-, 2- and 4-byte elements
+ *                     with unit strides use SSE2 16x16 / 8x8, 8x8 and 4x4 transposes).
+ *   mode | 4:         the same with streaming stores where they apply (tensors beyond the caches).
  * All other axes are looped over outermost (axis 0 slowest).  The caller (Python) checks that every
  * byte touched lies inside both buffers before calling.  Returns 0, or -1 on invalid arguments.
  *
@@ -24,6 +25,7 @@
 typedef int64_t i64;
 typedef struct { uint64_t w[2]; } npd_u128;
 typedef struct { uint64_t w[4]; } npd_u256;
+typedef struct { uint64_t w[8]; } npd_u512;
 
 #define NPD_DEF(NAME, T)                                                                          \
 static void row_##NAME(char *d, const char *s, i64 n, i64 dstep, i64 sstep) {                    \
@@ -51,6 +53,7 @@ NPD_DEF(u32, uint32_t)
 NPD_DEF(u64, uint64_t)
 NPD_DEF(u128, npd_u128)
 NPD_DEF(u256, npd_u256)
+NPD_DEF(u512, npd_u512)
 
 static void row_any(char *d, const char *s, i64 n, i64 dstep, i64 sstep, i64 es) {
     for (i64 j = 0; j < n; j++) memcpy(d + j * dstep, s + j * sstep, (size_t)es);
@@ -73,13 +76,15 @@ static void row_copy(char *d, const char *s, i64 n, i64 dstep, i64 sstep, i64 es
     case 8: row_u64(d, s, n, dstep, sstep); break;
     case 16: row_u128(d, s, n, dstep, sstep); break;
     case 32: row_u256(d, s, n, dstep, sstep); break;
+    case 64: row_u512(d, s, n, dstep, sstep); break;
     default: row_any(d, s, n, dstep, sstep, es); break;
     }
 }
 
 #if defined(__SSE2__)
 /* dst column i (8 u16 at d + i*dstride) = element i of the 8 source rows (8 u16 at s + k*sstride) */
-static inline void tr8x8_u16(char *d, i64 dstride, const char *s, i64 sstride) {
+#define NPD_ST(p, v) (nt ? _mm_stream_si128((__m128i *)(p), (v)) : _mm_storeu_si128((__m128i *)(p), (v)))
+static inline void tr8x8_u16_st(char *d, i64 dstride, const char *s, i64 sstride, int nt) {
     __m128i r0 = _mm_loadu_si128((const __m128i *)(s + 0 * sstride));
     __m128i r1 = _mm_loadu_si128((const __m128i *)(s + 1 * sstride));
     __m128i r2 = _mm_loadu_si128((const __m128i *)(s + 2 * sstride));
@@ -96,20 +101,198 @@ static inline void tr8x8_u16(char *d, i64 dstride, const char *s, i64 sstride) {
     __m128i u2 = _mm_unpacklo_epi32(t1, t3), u3 = _mm_unpackhi_epi32(t1, t3);
     __m128i u4 = _mm_unpacklo_epi32(t4, t6), u5 = _mm_unpackhi_epi32(t4, t6);
     __m128i u6 = _mm_unpacklo_epi32(t5, t7), u7 = _mm_unpackhi_epi32(t5, t7);
-    _mm_storeu_si128((__m128i *)(d + 0 * dstride), _mm_unpacklo_epi64(u0, u4));
-    _mm_storeu_si128((__m128i *)(d + 1 * dstride), _mm_unpackhi_epi64(u0, u4));
-    _mm_storeu_si128((__m128i *)(d + 2 * dstride), _mm_unpacklo_epi64(u1, u5));
-    _mm_storeu_si128((__m128i *)(d + 3 * dstride), _mm_unpackhi_epi64(u1, u5));
-    _mm_storeu_si128((__m128i *)(d + 4 * dstride), _mm_unpacklo_epi64(u2, u6));
-    _mm_storeu_si128((__m128i *)(d + 5 * dstride), _mm_unpackhi_epi64(u2, u6));
-    _mm_storeu_si128((__m128i *)(d + 6 * dstride), _mm_unpacklo_epi64(u3, u7));
-    _mm_storeu_si128((__m128i *)(d + 7 * dstride), _mm_unpackhi_epi64(u3, u7));
+    NPD_ST(d + 0 * dstride, _mm_unpacklo_epi64(u0, u4));
+    NPD_ST(d + 1 * dstride, _mm_unpackhi_epi64(u0, u4));
+    NPD_ST(d + 2 * dstride, _mm_unpacklo_epi64(u1, u5));
+    NPD_ST(d + 3 * dstride, _mm_unpackhi_epi64(u1, u5));
+    NPD_ST(d + 4 * dstride, _mm_unpacklo_epi64(u2, u6));
+    NPD_ST(d + 5 * dstride, _mm_unpackhi_epi64(u2, u6));
+    NPD_ST(d + 6 * dstride, _mm_unpacklo_epi64(u3, u7));
+    NPD_ST(d + 7 * dstride, _mm_unpackhi_epi64(u3, u7));
 }
 #endif
 
+#if defined(__SSE2__)
+static inline void tr8x8_u16(char *d, i64 dstride, const char *s, i64 sstride) {
+    tr8x8_u16_st(d, dstride, s, sstride, 0);
+}
+static inline void tr8x8_u16_nt(char *d, i64 dstride, const char *s, i64 sstride) {
+    tr8x8_u16_st(d, dstride, s, sstride, 1);
+}
+
+/* 16- and 32-byte elements with the destination contiguous, written with streaming stores */
+static void tile_wide_nt(char *d, const char *s, i64 nb, i64 na, i64 db, i64 sb, i64 sa, i64 es) {
+    for (i64 i = 0; i < nb; i++) {
+        char *dr = d + i * db;
+        const char *sr = s + i * sb;
+        for (i64 j = 0; j < na; j++) {
+            const char *q = sr + j * sa;
+            for (i64 o = 0; o < es; o += 16)
+                _mm_stream_si128((__m128i *)(dr + j * es + o), _mm_loadu_si128((const __m128i *)(q + o)));
+        }
+    }
+}
+
+/* the same for 16 x 16 bytes: dst row j (16 u8) = byte j of the 16 source rows */
+static inline void tr16x16_u8_st(char *d, i64 dstride, const char *s, i64 sstride, int nt) {
+    __m128i r[16], a[16], b[16], c[16];
+    for (int k = 0; k < 16; k++) r[k] = _mm_loadu_si128((const __m128i *)(s + k * sstride));
+    for (int k = 0; k < 8; k++) {          /* a[2k], a[2k+1]: rows 2k, 2k+1 byte-interleaved, j < 8 / j >= 8 */
+        a[2 * k] = _mm_unpacklo_epi8(r[2 * k], r[2 * k + 1]);
+        a[2 * k + 1] = _mm_unpackhi_epi8(r[2 * k], r[2 * k + 1]);
+    }
+    for (int g = 0; g < 4; g++) {          /* b[4g+q]: rows 4g..4g+3, columns 4q..4q+3 */
+        b[4 * g + 0] = _mm_unpacklo_epi16(a[4 * g], a[4 * g + 2]);
+        b[4 * g + 1] = _mm_unpackhi_epi16(a[4 * g], a[4 * g + 2]);
+        b[4 * g + 2] = _mm_unpacklo_epi16(a[4 * g + 1], a[4 * g + 3]);
+        b[4 * g + 3] = _mm_unpackhi_epi16(a[4 * g + 1], a[4 * g + 3]);
+    }
+    for (int h = 0; h < 2; h++)            /* c[8h+p]: rows 8h..8h+7, columns 2p, 2p+1 */
+        for (int q = 0; q < 4; q++) {
+            c[8 * h + 2 * q] = _mm_unpacklo_epi32(b[8 * h + q], b[8 * h + 4 + q]);
+            c[8 * h + 2 * q + 1] = _mm_unpackhi_epi32(b[8 * h + q], b[8 * h + 4 + q]);
+        }
+    for (int p = 0; p < 8; p++) {
+        NPD_ST(d + (2 * p) * dstride, _mm_unpacklo_epi64(c[p], c[8 + p]));
+        NPD_ST(d + (2 * p + 1) * dstride, _mm_unpackhi_epi64(c[p], c[8 + p]));
+    }
+}
+static inline void tr16x16_u8(char *d, i64 dstride, const char *s, i64 sstride) {
+    tr16x16_u8_st(d, dstride, s, sstride, 0);
+}
+static inline void tr16x16_u8_nt(char *d, i64 dstride, const char *s, i64 sstride) {
+    tr16x16_u8_st(d, dstride, s, sstride, 1);
+}
+
+/* 8 x 8 bytes (64-bit rows): dst row j (8 u8) = byte j of the 8 source rows */
+static inline void tr8x8_u8(char *d, i64 dstride, const char *s, i64 sstride) {
+    __m128i a0 = _mm_unpacklo_epi8(_mm_loadl_epi64((const __m128i *)(s + 0 * sstride)),
+                                   _mm_loadl_epi64((const __m128i *)(s + 1 * sstride)));
+    __m128i a1 = _mm_unpacklo_epi8(_mm_loadl_epi64((const __m128i *)(s + 2 * sstride)),
+                                   _mm_loadl_epi64((const __m128i *)(s + 3 * sstride)));
+    __m128i a2 = _mm_unpacklo_epi8(_mm_loadl_epi64((const __m128i *)(s + 4 * sstride)),
+                                   _mm_loadl_epi64((const __m128i *)(s + 5 * sstride)));
+    __m128i a3 = _mm_unpacklo_epi8(_mm_loadl_epi64((const __m128i *)(s + 6 * sstride)),
+                                   _mm_loadl_epi64((const __m128i *)(s + 7 * sstride)));
+    __m128i b0 = _mm_unpacklo_epi16(a0, a1), b1 = _mm_unpackhi_epi16(a0, a1);   /* rows 0-3 */
+    __m128i b2 = _mm_unpacklo_epi16(a2, a3), b3 = _mm_unpackhi_epi16(a2, a3);   /* rows 4-7 */
+    __m128i c[4] = {_mm_unpacklo_epi32(b0, b2), _mm_unpackhi_epi32(b0, b2),
+                    _mm_unpacklo_epi32(b1, b3), _mm_unpackhi_epi32(b1, b3)};     /* columns 2k, 2k+1 */
+    for (int k = 0; k < 4; k++) {
+        _mm_storel_epi64((__m128i *)(d + (2 * k) * dstride), c[k]);
+        _mm_storel_epi64((__m128i *)(d + (2 * k + 1) * dstride), _mm_srli_si128(c[k], 8));
+    }
+}
+
+/* and for 4 x 4 u32 (fp32, int32) */
+static inline void tr4x4_u32_st(char *d, i64 dstride, const char *s, i64 sstride, int nt) {
+    __m128i r0 = _mm_loadu_si128((const __m128i *)(s + 0 * sstride));
+    __m128i r1 = _mm_loadu_si128((const __m128i *)(s + 1 * sstride));
+    __m128i r2 = _mm_loadu_si128((const __m128i *)(s + 2 * sstride));
+    __m128i r3 = _mm_loadu_si128((const __m128i *)(s + 3 * sstride));
+    __m128i t0 = _mm_unpacklo_epi32(r0, r1), t1 = _mm_unpacklo_epi32(r2, r3);
+    __m128i t2 = _mm_unpackhi_epi32(r0, r1), t3 = _mm_unpackhi_epi32(r2, r3);
+    NPD_ST(d + 0 * dstride, _mm_unpacklo_epi64(t0, t1));
+    NPD_ST(d + 1 * dstride, _mm_unpackhi_epi64(t0, t1));
+    NPD_ST(d + 2 * dstride, _mm_unpacklo_epi64(t2, t3));
+    NPD_ST(d + 3 * dstride, _mm_unpackhi_epi64(t2, t3));
+}
+static inline void tr4x4_u32(char *d, i64 dstride, const char *s, i64 sstride) {
+    tr4x4_u32_st(d, dstride, s, sstride, 0);
+}
+static inline void tr4x4_u32_nt(char *d, i64 dstride, const char *s, i64 sstride) {
+    tr4x4_u32_st(d, dstride, s, sstride, 1);
+}
+
+/* nb x na elements in K x K register transposes; a ragged edge is covered by one more block
+ * overlapping the previous one (rewriting a few elements with the same values: src and dst never
+ * overlap). Needs nb >= K and na >= K. */
+#define NPD_BLOCKED(K, TR)                                                                         \
+    for (i64 i = 0;; i += K) {                                                                     \
+        if (i > nb - K) i = nb - K;                                                                \
+        for (i64 j = 0;; j += K) {                                                                 \
+            if (j > na - K) j = na - K;                                                            \
+            TR(d + i * db + j * es, db, s + j * sa + i * es, sa);                                  \
+            if (j + K >= na) break;                                                                \
+        }                                                                                          \
+        if (i + K >= nb) break;                                                                    \
+    }
+/* the same with the ragged edges copied element by element instead (for small blocks, where an
+ * overlapping block would redo most of the work: FRACTAL_Z's H*W = 9) */
+#define NPD_BLOCKED_REM(K, TR, T)                                                                  \
+    do {                                                                                           \
+        i64 nbk = nb - nb % K, nak = na - na % K;                                                  \
+        for (i64 i = 0; i < nbk; i += K) {                                                         \
+            for (i64 j = 0; j < nak; j += K) TR(d + i * db + j * es, db, s + j * sa + i * es, sa); \
+            for (i64 j = nak; j < na; j++)                                                         \
+                for (i64 k = 0; k < K; k++) {                                                      \
+                    T v;                                                                           \
+                    memcpy(&v, s + j * sa + (i + k) * es, sizeof(T));                              \
+                    memcpy(d + (i + k) * db + j * es, &v, sizeof(T));                              \
+                }                                                                                  \
+        }                                                                                          \
+        for (i64 i = nbk; i < nb; i++)                                                             \
+            for (i64 j = 0; j < na; j++) {                                                         \
+                T v;                                                                               \
+                memcpy(&v, s + j * sa + i * es, sizeof(T));                                        \
+                memcpy(d + i * db + j * es, &v, sizeof(T));                                        \
+            }                                                                                      \
+    } while (0)
+#endif
+
 /* one nb x na block: d[i*db + j*da] = s[i*sb + j*sa] */
+static void tile_copy(char *d, const char *s, i64 nb, i64 na, i64 db, i64 da, i64 sb, i64 sa, i64 es);
+
+/* nt: write the destination with streaming (non-temporal) stores where the stores are 16-byte
+ * aligned and cover whole lines in quick succession (tensors far larger than the caches: no read
+ * for ownership, no eviction of the source) */
+static void tile_copy_nt(char *d, const char *s, i64 nb, i64 na, i64 db, i64 da, i64 sb, i64 sa, i64 es,
+                         int nt) {
+#if defined(__SSE2__)
+    if (nt && (es == 16 || es == 32 || es == 64) && da == es && (((uintptr_t)d | (uintptr_t)db) & 15) == 0) {
+        tile_wide_nt(d, s, nb, na, db, sb, sa, es);
+        return;
+    }
+    if (nt && es == 2 && da == 2 && sb == 2 && nb >= 8 && na >= 8 && (na & 7) == 0 && (nb & 7) == 0
+        && (((uintptr_t)d | (uintptr_t)db) & 15) == 0) {
+        for (i64 i = 0; i < nb; i += 8)
+            for (i64 j = 0; j < na; j += 8) tr8x8_u16_nt(d + i * db + j * 2, db, s + j * sa + i * 2, sa);
+        return;
+    }
+    /* bytes: only when the block's rows are close (pack: 16 rows within 1 KiB), so each line is
+     * completed at once; 16 distant rows (unpack) would leave 16 half-written lines in flight */
+    if (nt && es == 1 && da == 1 && sb == 1 && (nb & 15) == 0 && (na & 15) == 0 && nb && na && db <= 64
+        && (((uintptr_t)d | (uintptr_t)db) & 15) == 0) {
+        for (i64 i = 0; i < nb; i += 16)
+            for (i64 j = 0; j < na; j += 16) tr16x16_u8_nt(d + i * db + j, db, s + j * sa + i, sa);
+        return;
+    }
+    if (nt && es == 4 && da == 4 && sb == 4 && (nb & 3) == 0 && (na & 3) == 0 && nb && na
+        && (((uintptr_t)d | (uintptr_t)db) & 15) == 0) {
+        for (i64 i = 0; i < nb; i += 4)
+            for (i64 j = 0; j < na; j += 4) tr4x4_u32_nt(d + i * db + j * 4, db, s + j * sa + i * 4, sa);
+        return;
+    }
+#else
+    (void)nt;
+#endif
+    tile_copy(d, s, nb, na, db, da, sb, sa, es);
+}
+
 static void tile_copy(char *d, const char *s, i64 nb, i64 na, i64 db, i64 da, i64 sb, i64 sa, i64 es) {
 #if defined(__SSE2__)
+    if (es == 1 && da == 1 && sb == 1 && nb >= 16 && na >= 16) {
+        NPD_BLOCKED(16, tr16x16_u8)
+        return;
+    }
+    if (es == 1 && da == 1 && sb == 1 && nb >= 8 && na >= 8) {
+        NPD_BLOCKED_REM(8, tr8x8_u8, uint8_t);
+        return;
+    }
+    if (es == 4 && da == 4 && sb == 4 && nb >= 4 && na >= 4) {
+        NPD_BLOCKED(4, tr4x4_u32)
+        return;
+    }
     if (es == 2 && da == 2 && sb == 2 && nb >= 8 && na >= 8) {
         i64 nb8 = nb & ~(i64)7;
         if (nb8 < nb && (na & 7) == 0) {
@@ -134,6 +317,12 @@ static void tile_copy(char *d, const char *s, i64 nb, i64 na, i64 db, i64 da, i6
                 }
             return;
         }
+        if ((nb & 7) == 0 && (na & 7) != 0 && na < 32) {
+            /* ragged na only, small (FRACTAL_Z unpack: na = H*W = 9): 8x8 blocks, then the last
+             * columns element by element (an overlapping block would redo 7/8 of a block) */
+            NPD_BLOCKED_REM(8, tr8x8_u16, uint16_t);
+            return;
+        }
         /* 8x8 blocks; a ragged edge is covered by one more block overlapping the previous one
          * (rewriting a few elements with the same values: src and dst never overlap) */
         for (i64 i = 0;; i += 8) {
@@ -155,6 +344,7 @@ static void tile_copy(char *d, const char *s, i64 nb, i64 na, i64 db, i64 da, i6
     case 8: tile_u64(d, s, nb, na, db, da, sb, sa); break;
     case 16: tile_u128(d, s, nb, na, db, da, sb, sa); break;
     case 32: tile_u256(d, s, nb, na, db, da, sb, sa); break;
+    case 64: tile_u512(d, s, nb, na, db, da, sb, sa); break;
     default: tile_any(d, s, nb, na, db, da, sb, sa, es); break;
     }
 }
@@ -177,6 +367,8 @@ static inline int odometer_next(i64 *idx, int no, const i64 *shape, const i64 *d
 
 int npd_copy(char *dst, const char *src, int nd, const i64 *shape, const i64 *ds, const i64 *ss, i64 es,
              int mode, i64 tile_a, i64 tile_b) {
+    int nt = (mode & 4) != 0;              /* bit 2: streaming stores (see tile_copy_nt) */
+    mode &= ~4;
     if (nd < 1 || nd > NPD_MAXND || es < 1 || (mode == 1 && nd < 2) || (mode != 0 && mode != 1))
         return -1;
     for (int k = 0; k < nd; k++) {
@@ -205,12 +397,15 @@ int npd_copy(char *dst, const char *src, int nd, const i64 *shape, const i64 *ds
                 i64 tb = nb - i < tile_b ? nb - i : tile_b;
                 for (i64 j = 0; j < na; j += tile_a) {
                     i64 ta = na - j < tile_a ? na - j : tile_a;
-                    tile_copy(d + i * db + j * da, s + i * sb + j * sa, tb, ta, db, da, sb, sa, es);
+                    tile_copy_nt(d + i * db + j * da, s + i * sb + j * sa, tb, ta, db, da, sb, sa, es, nt);
                 }
             }
         }
         if (!odometer_next(idx, no, shape, ds, ss, &d, &s)) break;
     }
+#if defined(__SSE2__)
+    if (nt) _mm_sfence();                  /* streaming stores are weakly ordered */
+#endif
     return 0;
 }
 

@@ -36,9 +36,21 @@ innermost axis is short (C0 = 16 elements): numpy then runs a 16-element inner l
    ``NPU_DEPLOY_KERNEL=0`` disables it. The wrapper checks that every byte the kernel will touch
    lies inside both arrays before calling it.
 
+The kernel moves 1-, 2- and 4-byte elements through SSE2 register transposes (16x16 and 8x8 bytes,
+8x8 halves, 4x4 words), contiguous runs of 2-64 bytes as one unit (FRACTAL_NZ's C0 rows; 64 bytes
+is wider than any numpy type), walks tiles 256 bytes deep along the destination's inner axis (8
+lines: the source column of a FRACTAL_NZ tile then stays in one 8-way L1 set instead of thrashing
+it), and for copies of at least ``_NT_BYTES`` writes with streaming stores where whole lines are
+written at once (no read-for-ownership of the destination: a third less memory traffic).
+
+:func:`kernel_tasks` returns the kernel calls of a copy without running them, so ``formats`` can
+record a whole pack/unpack once and replay it on other buffers of the same shapes (:func:`run_tasks`).
+
 Copies of at least ``_PARALLEL_BYTES`` are split over ``min(len(sched_getaffinity), 8)`` threads
-(numpy and onnxruntime release the GIL while copying). The decision depends on the size only, never on
-the momentary machine load, so results are reproducible. It never allocates anything of the array's
+(numpy, onnxruntime and the kernel release the GIL while copying), or the caller's ``threads``: the
+work is cut into a few chunks per thread which the calling thread and the helpers take from one
+queue, so a helper waiting for a busy core delays nothing. The thread count depends on the size
+only, never on the momentary machine load, so results are reproducible. It never allocates anything of the array's
 size (the scratch tiles are at most 2 MiB per thread, kept between calls). ``NPU_DEPLOY_FASTCOPY=0``
 disables it (every copy is then a plain ``dst[...] = src``), ``NPU_DEPLOY_FASTCOPY_ORT=0`` keeps it
 numpy-only, ``NPU_DEPLOY_THREADS=N`` sets the thread count.
@@ -82,10 +94,9 @@ _pool: ThreadPoolExecutor | None = None
 _pool_lock = threading.Lock()
 
 
-def _threads() -> int:
-    env = os.environ.get("NPU_DEPLOY_THREADS", "")
-    if env.strip().isdigit():
-        return max(1, int(env))
+@lru_cache(maxsize=None)
+def _cores() -> int:
+    """Usable cores, at most 8 (asked once: a system call, on the per-call path otherwise)."""
     try:
         n = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
@@ -93,9 +104,19 @@ def _threads() -> int:
     return max(1, min(n, 8))
 
 
-def _threads_for(nbytes: int) -> int:
-    """Threads for a copy of ``nbytes``: a size threshold only (reproducible), never the load."""
-    return _threads() if nbytes >= _PARALLEL_BYTES else 1
+def _threads() -> int:
+    env = os.environ.get("NPU_DEPLOY_THREADS", "")
+    if env.strip().isdigit():
+        return max(1, int(env))
+    return _cores()
+
+
+def _threads_for(nbytes: int, threads: int | None = None) -> int:
+    """Threads for a copy of ``nbytes``: a size threshold only (reproducible), never the load.
+    ``threads`` (the caller's ``threads=``) replaces the default count."""
+    if nbytes < _PARALLEL_BYTES:
+        return 1
+    return max(1, int(threads)) if threads is not None else _threads()
 
 
 def _get_pool(n: int) -> ThreadPoolExecutor:
@@ -107,12 +128,32 @@ def _get_pool(n: int) -> ThreadPoolExecutor:
 
 
 def _run_tasks(fn, tasks: list, n_threads: int) -> None:
+    """Run ``fn`` on every task, on ``n_threads`` threads: the calling thread and ``n_threads - 1``
+    helpers take tasks from one shared queue, so a helper that waits for a busy core costs nothing
+    (the others take its share) instead of holding the whole call back."""
     if n_threads <= 1 or len(tasks) <= 1:
         for t in tasks:
             fn(t)
         return
-    for _ in _get_pool(n_threads).map(fn, tasks):
-        pass
+    it = iter(tasks)
+    lock = threading.Lock()
+    end = object()
+
+    def work() -> None:
+        while True:
+            with lock:
+                t = next(it, end)
+            if t is end:
+                return
+            fn(t)
+
+    pool = _get_pool(n_threads - 1)
+    helpers = [pool.submit(work) for _ in range(min(n_threads, len(tasks)) - 1)]
+    try:
+        work()
+    finally:
+        for h in helpers:
+            h.result()
 
 
 def _simplify(dst: np.ndarray, src: np.ndarray):
@@ -486,9 +527,11 @@ def _numpy_copy(d: np.ndarray, s: np.ndarray, shape, ds, ss, unit: int, n_thread
 KERNEL_ENABLED = os.environ.get("NPU_DEPLOY_KERNEL", "1").strip().lower() not in _OFF
 _KERNEL_SOURCE = "_copykernel.c"
 _KERNEL_FLAGS = ["-O3", "-shared", "-fPIC", "-std=c99"]
-_KTILE_A_BYTES = 1024       # kernel transpose tile: bytes along the destination's inner axis
+_KTILE_A_BYTES = 256        # kernel transpose tile: bytes along the destination's inner axis (8 lines of 32 B
 _KTILE_B_BYTES = 4096       # ... and along the source's inner axis (measured on the NZ and 5HD cases)
 _KTILE_MAX = 256 << 10      # ... and at most this many bytes per tile
+_NT_BYTES = 8 << 20         # copies at least this large write with streaming stores (measured: 16 MiB gains)
+_CHUNKS_PER_THREAD = 4      # kernel work per thread, in chunks (dynamic balance on a shared machine)
 _kernel_lock = threading.Lock()
 # status: "not loaded" (first use pending), "loaded", "failed" or "disabled"; reason says why
 _kernel: dict = {"status": "not loaded", "reason": "", "path": None, "compile_seconds": None, "fn": None,
@@ -665,18 +708,23 @@ def _tile3_plan(shape, ds, ss, unit: int):
     return None
 
 
-def _kernel_copy(dst: np.ndarray, src: np.ndarray, shape, ds, ss, unit: int, n_threads: int) -> bool:
-    """The copy through the compiled kernel; False when it is unavailable or does not apply."""
+def _kernel_tasks(dst: np.ndarray, src: np.ndarray, shape, ds, ss, unit: int, n_threads: int):
+    """The compiled-kernel calls performing one copy, as ``[(fn, dst_ptr, src_ptr, args)]`` (run them in
+    parallel, each as ``fn(dst_ptr, src_ptr, *args)``), every byte they touch checked to lie inside
+    both arrays; None when the kernel is unavailable or does not apply."""
     if not shape:                                   # a single (wide) element
         shape, ds, ss = [1], [unit], [unit]
+    if len(shape) > 1 and ds[-1] == ss[-1] == unit and shape[-1] * unit == 64:
+        # the kernel also moves 64-byte units (FRACTAL_NZ fp32 rows), beyond numpy's widest type
+        shape, ds, ss, unit = shape[:-1], ds[:-1], ss[:-1], 64
     nd = len(shape)
     if nd > 8 or not dst.flags.writeable:
-        return False
+        return None
     fn = _kernel_fn()
     if fn is None:
-        return False
+        return None
     if 0 in shape:
-        return True                                 # nothing to copy
+        return []                                   # nothing to copy
     fn3 = _kernel.get("fn3")
     plan3 = _tile3_plan(shape, ds, ss, unit) if fn3 is not None else None
     if plan3 is not None:
@@ -703,40 +751,82 @@ def _kernel_copy(dst: np.ndarray, src: np.ndarray, shape, ds, ss, unit: int, n_t
         ax = max(range(nd - 2), key=lambda i: (shape[i] >= n_threads, shape[i]))
     elif n_threads > 1:
         ax = max(range(nd), key=lambda i: (shape[i] >= n_threads, i < nd - (2 if mode else 1), shape[i]))
-    chunks = n_threads if n_threads > 1 and shape[ax] >= n_threads else 1
+    # several chunks per thread: threads take them from a shared queue (see _run_tasks)
+    chunks = min(shape[ax], _CHUNKS_PER_THREAD * n_threads) if n_threads > 1 and shape[ax] >= n_threads else 1
     step = -(-shape[ax] // chunks)
     c_ds = (ctypes.c_int64 * nd)(*ds)
     c_ss = (ctypes.c_int64 * nd)(*ss)
+    nt = 4 if mode == 1 and math.prod(shape) * unit >= _NT_BYTES else 0    # streaming stores
+    # bounds: every byte the kernel touches (each task's box) must lie inside both arrays' memory
+    dlo, dhi = _byte_bounds(dst)
+    slo, shi = _byte_bounds(src)
     tasks = []
     for start in range(0, shape[ax], step):
         sub = list(shape)
         sub[ax] = min(step, shape[ax] - start)
-        tasks.append((d0 + start * ds[ax], s0 + start * ss[ax], (ctypes.c_int64 * nd)(*sub)))
-
-    # bounds: every byte the kernel touches (each task's box) must lie inside both arrays' memory
-    dlo, dhi = _byte_bounds(dst)
-    slo, shi = _byte_bounds(src)
-    for dp, sp, c_shape in tasks:
+        dp, sp = d0 + start * ds[ax], s0 + start * ss[ax]
         for ptr, st, blo, bhi in ((dp, ds, dlo, dhi), (sp, ss, slo, shi)):
-            lo, hi = _extent(ptr, list(c_shape), st, unit)
+            lo, hi = _extent(ptr, sub, st, unit)
             if lo < blo or hi > bhi:
                 raise AssertionError(f"fast copy: kernel extent [{lo}, {hi}) outside [{blo}, {bhi})")
-
-    def run(task):
-        dp, sp, c_shape = task
+        c_shape = (ctypes.c_int64 * nd)(*sub)
         if mode == 2:
-            rc = fn3(dp, sp, nd, c_shape, c_ds, c_ss, unit, plan3[1])
+            tasks.append((fn3, dp, sp, (nd, c_shape, c_ds, c_ss, unit, plan3[1])))
         else:
-            rc = fn(dp, sp, nd, c_shape, c_ds, c_ss, unit, mode, tile_a, tile_b)
-        if rc != 0:
-            raise RuntimeError("fast copy: the kernel rejected its arguments")
+            tasks.append((fn, dp, sp, (nd, c_shape, c_ds, c_ss, unit, mode | nt, tile_a, tile_b)))
+    return tasks
 
-    _run_tasks(run, tasks, n_threads)
+
+def _call(task) -> None:
+    fn, dp, sp, args = task
+    if fn(dp, sp, *args) != 0:
+        raise RuntimeError("fast copy: the kernel rejected its arguments")
+
+
+def run_tasks(tasks: list, n_threads: int) -> None:
+    """Run kernel tasks (from :func:`kernel_tasks`) on up to ``n_threads`` threads."""
+    if len(tasks) == 1:
+        _call(tasks[0])
+    else:
+        _run_tasks(_call, tasks, n_threads)
+
+
+def _kernel_copy(dst: np.ndarray, src: np.ndarray, shape, ds, ss, unit: int, n_threads: int) -> bool:
+    """The copy through the compiled kernel; False when it is unavailable or does not apply."""
+    tasks = _kernel_tasks(dst, src, shape, ds, ss, unit, n_threads)
+    if tasks is None:
+        return False
+    _run_tasks(_call, tasks, n_threads)
     return True
 
 
-def copy(dst: np.ndarray, src: np.ndarray) -> None:
-    """``dst[...] = src`` for same-shape arrays, faster for transposing copies.
+_ZEROS = np.zeros(64, np.uint8)     # the source of kernel "copies" that clear padding (stride 0)
+
+
+def kernel_tasks(dst: np.ndarray, src: np.ndarray | None, threads: int | None = None):
+    """The kernel calls that perform ``dst[...] = src`` (``src`` None: ``dst[...] = 0``, bit-exact
+    zero bytes), whatever the size, for recording into a reusable program; None when the kernel is
+    off or unavailable or the copy does not fit it. The pointers are those of ``dst`` and ``src``."""
+    if not (ENABLED and KERNEL_ENABLED) or dst.dtype.hasobject:
+        return None
+    item = dst.dtype.itemsize
+    if src is None:
+        if item > _ZEROS.size:
+            return None
+        base = _ZEROS[:item].view(dst.dtype) if item > 1 or dst.dtype != np.uint8 else _ZEROS[:1]
+        src = np.lib.stride_tricks.as_strided(base, dst.shape, (0,) * dst.ndim, writeable=False)
+    elif dst.shape != src.shape or dst.dtype != src.dtype or np.may_share_memory(dst, src):
+        return None
+    shape, ds, ss = _simplify(dst, src)
+    if not shape:                                   # one element
+        return _kernel_tasks(dst, src, [], [], [], item, 1)
+    shape, ds, ss, unit = _widen(shape, ds, ss, item)
+    return _kernel_tasks(dst, src, shape, ds, ss, unit, _threads_for(math.prod(shape) * unit, threads))
+
+
+def copy(dst: np.ndarray, src: np.ndarray, threads: int | None = None) -> None:
+    """``dst[...] = src`` for same-shape arrays, faster for transposing copies. ``threads``: the
+    thread count for a copy of at least ``_PARALLEL_BYTES`` (default :func:`_threads`).
 
     >>> a = np.arange(2 * 16 * 64 * 64, dtype=np.float16).reshape(2, 16, 64, 64)
     >>> b = np.empty((2, 64, 64, 16), np.float16)
@@ -754,7 +844,7 @@ def copy(dst: np.ndarray, src: np.ndarray) -> None:
         dst[...] = src
         return
     shape, ds, ss, unit = _widen(shape, ds, ss, item)
-    n_threads = _threads_for(math.prod(shape) * unit)
+    n_threads = _threads_for(math.prod(shape) * unit, threads)
     if KERNEL_ENABLED and _kernel_copy(dst, src, shape, ds, ss, unit, n_threads):
         return
     if USE_ORT and (_ort_transpose(dst, src, shape, ds, ss, unit, n_threads)

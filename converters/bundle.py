@@ -25,6 +25,17 @@ header checksum, every section's bounds and checksum (the blob's only with ``ver
 manifest schema/version and every weight entry's bounds, alignment, dtype and size before anything is
 used. Nothing in the file is executed: JSON, protobuf and raw numeric bytes only.
 
+A bundle may come from a stranger, so reading also checks what its consumers will trust:
+
+* :func:`validate_manifest` — every manifest field the emulator, ``inspect`` and the session read has
+  the type and range they expect (table :data:`MANIFEST_FIELDS`; unknown extra keys are allowed);
+* :func:`check_self_contained` — the lowered graph cannot make onnxruntime open a file or load code: no
+  external-data reference anywhere (initializers, sparse initializers, node attributes, subgraphs), no
+  model-local functions, no op outside :data:`GRAPH_DOMAINS`.
+
+Either failure is a :class:`~npu_deploy.errors.BundleError` (exit 2). ``inspect`` reads with
+``check=False`` and reports them as integrity problems instead.
+
 Manifest keys: those of ``docs/internals.md`` (schema ``npu-deploy/bundle-manifest`` version 1), which the
 caller provides, plus these the writer adds or the converter adds:
 
@@ -65,8 +76,10 @@ True
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
+import math
 import mmap
 import os
 import struct
@@ -76,6 +89,9 @@ from typing import Any, Callable, Iterable, Iterator
 import numpy as np
 import onnx
 
+from npu_deploy._io import atomic_path
+from npu_deploy._text import printable
+from npu_deploy.converters import formats
 from npu_deploy.errors import BundleError, ModelError
 
 BUNDLE_MAGIC = b"\x89NPUBUNDL\r\n\x1a"
@@ -189,22 +205,20 @@ def write_bundle(path: str | os.PathLike, manifest: dict, graph: onnx.ModelProto
 
     Weights are written one at a time in iteration order; a callable ``data`` is called only when its
     entry is written, and its array is released right after, so at most one packed weight is held.
-    ``path`` is used exactly as given (no extension is added).
+    ``path`` is used exactly as given (no extension is added). A graph that is not self-contained
+    (:func:`check_self_contained`) is refused before anything is written; a failed write (disk full)
+    is an ``OutputError`` (exit 3) and leaves nothing behind.
     """
-    from npu_deploy._io import atomic_path
-
     if not isinstance(manifest, dict):
         raise BundleError("bundle manifest must be a dict")
+    check_self_contained(graph)
     dest = Path(path)
+    # an OSError (disk full, read-only file system) becomes atomic_path's OutputError (exit 3)
     with atomic_path(dest) as tmp:
-        try:
-            with open(tmp, "wb") as f:
-                _write_stream(f, manifest, graph, weights)
-                f.flush()
-                os.fsync(f.fileno())
-        except OSError as e:
-            raise BundleError(f"cannot write bundle {dest}: {e.strerror or e}",
-                              hint="check free disk space and permissions") from e
+        with open(tmp, "wb") as f:
+            _write_stream(f, manifest, graph, weights)
+            f.flush()
+            os.fsync(f.fileno())
 
 
 def _write_stream(f, manifest: dict, graph: onnx.ModelProto, weights: Iterable[WeightEntry]) -> None:
@@ -301,8 +315,6 @@ class Bundle:
         target = info.onnx_shape if info.onnx_shape is not None else info.logical_shape
         if info.format == "ND":
             return np.array(phys.reshape(target))
-        from npu_deploy.converters import formats
-
         kwargs: dict[str, Any] = {"groups": info.groups}
         if info.c0 is not None:
             kwargs["c0"] = info.c0
@@ -335,11 +347,319 @@ class Bundle:
         return f"Bundle({str(self.path)!r}, weights={len(self.weights)})"
 
 
-def read_bundle(path: str | os.PathLike, *, verify: bool = True) -> Bundle:
+# ---------------------------------------------------------------------------------------------------
+# self-containment of the lowered graph
+
+#: Op domains a bundle's graph may use: what the built-in lowering produces (it keeps the model's
+#: standard ops). Everything else is refused: onnxruntime contrib ops (``com.microsoft``: e.g.
+#: ``EPContext`` reads a cache file named in an attribute, ``PythonOp`` runs Python code),
+#: preview/training domains, custom domains that would need a custom-op library.
+GRAPH_DOMAINS = ("", "ai.onnx", "ai.onnx.ml")
+
+# model metadata onnxruntime acts on: with ORT_LOAD_CONFIG_FROM_MODEL=1 it takes session options from
+# "ort_config" (profiling among them, which writes files)
+_ACTIVE_METADATA = ("ort_config",)
+
+
+def check_self_contained(graph: onnx.ModelProto) -> None:
+    """Refuse a lowered graph that could make onnxruntime read anything outside the bundle.
+
+    Raises :class:`~npu_deploy.errors.BundleError` (one line, naming the tensor or node) for:
+
+    * any tensor whose data lives in an external file: initializers, sparse initializers (values and
+      indices), tensor attributes of any node (``Constant`` values included), in the main graph and in
+      every subgraph (``If``/``Loop``/``Scan`` bodies), recursively;
+    * model-local functions (``model.functions``) and training information: the lowering produces
+      neither, and a function body would be a second graph to police;
+    * any node outside :data:`GRAPH_DOMAINS` (custom-op libraries, onnxruntime contrib ops);
+    * model metadata that onnxruntime turns into session options (``ort_config``).
+
+    No standard (``ai.onnx``) or ``ai.onnx.ml`` op opens a file or runs code, so string tensors and
+    string attributes are data, whatever they look like (a path-like string is not refused: nothing in
+    those domains would open it). Called by :func:`write_bundle` (the converter never writes what the
+    reader would refuse) and by :func:`read_bundle`.
+
+    >>> from onnx import helper, TensorProto
+    >>> g = helper.make_graph([helper.make_node("Relu", ["x"], ["y"], name="r", domain="my.ops")], "g",
+    ...     [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+    ...     [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])])
+    >>> check_self_contained(helper.make_model(g))
+    Traceback (most recent call last):
+    ...
+    npu_deploy.errors.BundleError: lowered graph: node 'r' (Relu) is in op domain 'my.ops'; a bundle may only hold ai.onnx and ai.onnx.ml ops (re-convert the model with npu-deploy; do not run bundles from unknown sources)
+    """
+    hint = "re-convert the model with npu-deploy; do not run bundles from unknown sources"
+    if len(graph.functions):
+        f = graph.functions[0]
+        raise BundleError(f"lowered graph: defines the function {_quote(f.domain)}:{_quote(f.name)}; a bundle "
+                          f"may not carry functions", hint=hint)
+    if len(graph.training_info):
+        raise BundleError("lowered graph: carries training information; a bundle may not", hint=hint)
+    for prop in graph.metadata_props:
+        if prop.key in _ACTIVE_METADATA:
+            raise BundleError(f"lowered graph: metadata {_quote(prop.key)} holds onnxruntime session options; "
+                              f"a bundle may not", hint=hint)
+    stack: list[tuple[onnx.GraphProto, str]] = [(graph.graph, "lowered graph")]
+    while stack:
+        g, where = stack.pop()
+        for t in g.initializer:
+            _check_tensor_inline(t, f"{where}: initializer {_quote(t.name)}", hint)
+        for sp in g.sparse_initializer:
+            for part, t in (("values", sp.values), ("indices", sp.indices)):
+                _check_tensor_inline(t, f"{where}: sparse initializer {_quote(sp.values.name)} ({part})", hint)
+        for i, n in enumerate(g.node):
+            node = f"node {_quote(n.name or f'#{i}')} ({printable(n.op_type[:64])})"
+            if n.domain not in GRAPH_DOMAINS:
+                raise BundleError(f"{where}: {node} is in op domain {_quote(n.domain)}; a bundle may only hold "
+                                  f"ai.onnx and ai.onnx.ml ops", hint=hint)
+            for a in n.attribute:
+                at = f"{where}: {node} attribute {_quote(a.name)}"
+                if a.HasField("t"):
+                    _check_tensor_inline(a.t, at, hint)
+                for t in a.tensors:
+                    _check_tensor_inline(t, at, hint)
+                for sp in ([a.sparse_tensor] if a.HasField("sparse_tensor") else []) + list(a.sparse_tensors):
+                    _check_tensor_inline(sp.values, at, hint)
+                    _check_tensor_inline(sp.indices, at, hint)
+                for sg in ([a.g] if a.HasField("g") else []) + list(a.graphs):
+                    stack.append((sg, f"{where} > {node} body {_quote(sg.name)}"))
+
+
+def _check_tensor_inline(t: onnx.TensorProto, where: str, hint: str) -> None:
+    if t.data_location == onnx.TensorProto.EXTERNAL or len(t.external_data):
+        loc = next((e.value for e in t.external_data if e.key == "location"), "")
+        raise BundleError(f"{where} keeps its data in an external file ({_quote(loc)}); a bundle must hold all "
+                          f"its data", hint=hint)
+
+
+def _quote(text: str, limit: int = 80) -> str:
+    text = str(text)
+    return repr(printable(text[:limit] + ("..." if len(text) > limit else "")))
+
+
+# ---------------------------------------------------------------------------------------------------
+# manifest validation (table-driven: a new manifest key is one line in MANIFEST_FIELDS)
+
+_Check = Callable[[Any, str], None]
+_DIM_MAX = 1 << 62  # a bound, not a limit: no real tensor has a dimension near it
+
+
+class _Bad(Exception):
+    """A manifest value that is not what a consumer reads (``where`` is the JSON path)."""
+
+    def __init__(self, where: str, what: str):
+        super().__init__(f"{where}: {what}")
+
+
+def _show(v: Any) -> str:
+    text = json.dumps(v, ensure_ascii=False, default=str) if not isinstance(v, str) else repr(v)
+    return printable(text if len(text) <= 40 else text[:37] + "...")
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _int(lo: int | None = None, hi: int | None = None) -> _Check:
+    top = "2**62" if hi == _DIM_MAX else str(hi)
+    rng = f" >= {lo}" if lo is not None and hi is None else f" in {lo}..{top}" if lo is not None else ""
+
+    def check(v: Any, where: str) -> None:
+        if not _is_int(v) or (lo is not None and v < lo) or (hi is not None and v > hi):
+            raise _Bad(where, f"must be an integer{rng}, not {_show(v)}")
+    return check
+
+
+def _number(v: Any, where: str) -> None:
+    if not (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0):
+        raise _Bad(where, f"must be a finite number >= 0, not {_show(v)}")
+
+
+def _str(v: Any, where: str) -> None:
+    if not isinstance(v, str):
+        raise _Bad(where, f"must be a string, not {_show(v)}")
+
+
+def _bool(v: Any, where: str) -> None:
+    if not isinstance(v, bool):
+        raise _Bad(where, f"must be true or false, not {_show(v)}")
+
+
+def _anything(v: Any, where: str) -> None:
+    return None
+
+
+def _opt(check: _Check) -> _Check:
+    def opt(v: Any, where: str) -> None:
+        if v is not None:
+            check(v, where)
+    return opt
+
+
+def _list(item: _Check, *, unique_names: bool = False) -> _Check:
+    def check(v: Any, where: str) -> None:
+        if not isinstance(v, list):
+            raise _Bad(where, f"must be a list, not {_show(v)}")
+        seen: set[str] = set()
+        for i, x in enumerate(v):
+            item(x, f"{where}[{i}]")
+            if unique_names:
+                if x["name"] in seen:
+                    raise _Bad(f"{where}[{i}].name", f"{_show(x['name'])} appears twice")
+                seen.add(x["name"])
+    return check
+
+
+def _map(value: _Check) -> _Check:
+    def check(v: Any, where: str) -> None:
+        if not isinstance(v, dict):
+            raise _Bad(where, f"must be an object, not {_show(v)}")
+        for k, x in v.items():  # JSON object keys are always strings
+            value(x, f"{where}[{_show(k)}]")
+    return check
+
+
+def _obj(fields: dict[str, _Check], required: tuple[str, ...] = ()) -> _Check:
+    """A JSON object whose known keys pass their check; unknown extra keys are allowed."""
+    def check(v: Any, where: str) -> None:
+        if not isinstance(v, dict):
+            raise _Bad(where, f"must be an object, not {_show(v)}")
+        for k in required:
+            if k not in v:
+                raise _Bad(where, f"has no {k!r}")
+        for k, c in fields.items():
+            if k in v:
+                c(v[k], f"{where}.{k}")
+    return check
+
+
+@functools.lru_cache(maxsize=1024)  # a manifest names a handful of formats thousands of times
+def _known_format(name: str) -> bool:
+    try:
+        formats.get_format(name)
+    except Exception:
+        return False
+    return True
+
+
+def _format(v: Any, where: str) -> None:
+    _str(v, where)
+    if not _known_format(v):
+        raise _Bad(where, f"unknown format {_show(v)}")
+
+
+# every dtype an ONNX tensor can have (numpy / ml_dtypes names): what graph inputs and outputs may be
+_IO_DTYPES = frozenset(_DTYPES) | {"complex64", "complex128", "object", "int4", "uint4", "int2", "uint2",
+                                   "float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz",
+                                   "float8_e8m0fnu", "float4_e2m1fn", "float6_e2m3fn", "float6_e3m2fn"}
+
+
+def _dtype(v: Any, where: str) -> None:
+    if not (isinstance(v, str) and v in _IO_DTYPES):
+        raise _Bad(where, f"unknown dtype {_show(v)}")
+
+
+_shape = _list(_int(-1, _DIM_MAX))          # logical: -1 is a dynamic axis
+_concrete_shape = _list(_int(0, _DIM_MAX))
+_names = _list(_str)
+
+_IO_ENTRY = _obj({
+    "name": _str, "shape": _shape, "dtype": _dtype, "format": _opt(_format), "device_format": _opt(_format),
+    "device_shape": _opt(_shape), "c0": _opt(_int(1, 1024)), "nbytes": _opt(_int(0)),
+    "device_dtype": _opt(_dtype), "graph_format": _opt(_format), "graph_shape": _opt(_shape),
+}, required=("name", "shape", "dtype"))
+
+_TRANSDATA = _obj({
+    "name": _opt(_str), "tensor": _opt(_str), "producer": _opt(_str), "consumers": _opt(_names),
+    "onnx_nodes": _opt(_names), "src_format": _format, "dst_format": _format, "shape": _opt(_shape),
+    "dtype": _opt(_dtype), "c0": _opt(_int(1, 1024)), "bytes": _opt(_int(0)), "dst_bytes": _opt(_int(0)),
+    "est_us": _opt(_number), "reason": _opt(_str),
+}, required=("src_format", "dst_format"))
+
+_NODE_FORMAT = _obj({
+    # a node's absent optional inputs/outputs have no format (null)
+    "op_type": _opt(_str), "engine": _opt(_str), "input_formats": _opt(_list(_opt(_format))),
+    "output_formats": _opt(_list(_opt(_format))),
+    "dtype": _opt(_dtype), "c0": _opt(_int(1, 1024)), "folded": _opt(_bool),
+})
+
+
+_TENSOR_PLAN = _obj({
+    "format": _format, "dtype": _dtype, "shape": _shape, "storage_shape": _opt(_concrete_shape),
+    "c0": _opt(_int(1, 1024)), "nbytes": _opt(_int(0)),
+}, required=("format", "dtype", "shape"))
+
+
+def _gear(v: Any, where: str) -> None:
+    _map(_concrete_shape)(v, where)
+
+
+#: What every consumer (emulator, inspect, session) reads from a manifest, key by key. Keys not listed
+#: are allowed and left alone; a listed key may be absent (consumers have defaults) but, when present,
+#: must have this shape.
+MANIFEST_FIELDS: dict[str, _Check] = {
+    "producer": _opt(_str),
+    "producer_version": _opt(_str),
+    "soc": _opt(_str),
+    "precision_mode": _opt(_str),
+    "input_format": _opt(_format),
+    "inputs": _opt(_list(_IO_ENTRY, unique_names=True)),
+    "outputs": _opt(_list(_IO_ENTRY, unique_names=True)),
+    "dynamic": _opt(_obj({"mode": _opt(_str), "gears": _opt(_list(_gear))})),
+    "memory": _opt(_obj({k: _opt(_int(0)) for k in ("arena_bytes", "lower_bound_bytes", "no_reuse_bytes",
+                                                   "alignment")})),
+    "transdata": _opt(_list(_TRANSDATA)),
+    "transdata_naive": _opt(_list(_TRANSDATA)),
+    "transdata_naive_count": _opt(_int(0)),
+    "transdata_naive_bytes": _opt(_int(0)),
+    "node_formats": _opt(_map(_NODE_FORMAT)),
+    "tensor_formats": _opt(_map(_format)),
+    "tensor_dtypes": _opt(_map(_dtype)),
+    "fused_tensors": _opt(_names),
+    "tensors": _opt(_map(_obj({"format": _format, "dtype": _dtype, "shape": _opt(_shape),
+                               "storage_shape": _opt(_concrete_shape), "c0": _opt(_int(1, 1024)),
+                               "nbytes": _opt(_int(0))}, required=("format", "dtype")))),
+    "input_format": _opt(_str),
+    "tensors": _opt(_map(_TENSOR_PLAN)),
+    "cost": _opt(_obj({"estimated": _opt(_bool), "soc": _opt(_str), "total_us": _opt(_number),
+                       "formattrans_share": _opt(_number), "est_us": _opt(_map(_number))})),
+    "plan": _opt(_obj({"verdict": _opt(_str), "passes": _opt(_list(_anything))})),
+    "support": _opt(_obj({"verdict": _opt(_str), "counts": _opt(_map(_int(0)))})),
+    "source_model": _anything,
+}
+
+
+def validate_manifest(manifest: dict) -> None:
+    """Check every manifest field a consumer reads (types and ranges); raise
+    :class:`~npu_deploy.errors.BundleError` naming the first bad field. Unknown extra keys are allowed;
+    the ``weights`` list is checked against the blob by :func:`read_bundle`.
+
+    >>> validate_manifest({"inputs": [{"name": "x", "shape": [1, -1], "dtype": "float32"}]})
+    >>> validate_manifest({"inputs": [{"name": "x", "shape": [1, -2], "dtype": "float32"}]})
+    Traceback (most recent call last):
+    ...
+    npu_deploy.errors.BundleError: manifest field inputs[0].shape[1]: must be an integer in -1..2**62, not -2 (re-convert the model)
+    """
+    if not isinstance(manifest, dict):
+        raise BundleError("manifest is not a JSON object", hint="re-convert the model")
+    for key, check in MANIFEST_FIELDS.items():
+        if key in manifest:
+            try:
+                check(manifest[key], key)
+            except _Bad as e:
+                raise BundleError(f"manifest field {e}", hint="re-convert the model") from None
+
+
+def read_bundle(path: str | os.PathLike, *, verify: bool = True, check: bool = True) -> Bundle:
     """Open and validate a bundle. ``verify=False`` skips only the weight blob's checksum (large files).
 
     Raises :class:`~npu_deploy.errors.BundleError` (exit 2) for anything wrong: missing file, wrong
-    magic, newer version, bad checksum, out-of-bounds or misaligned sections or weights.
+    magic, newer version, bad checksum, out-of-bounds or misaligned sections or weights, a manifest
+    field of the wrong type or range (:func:`validate_manifest`), a graph that is not self-contained
+    (:func:`check_self_contained`: external data, functions, foreign op domains).
+
+    ``check=False`` skips those last two checks, for a caller that runs them itself and reports what
+    they find (``inspect``); nothing may run a bundle read that way.
     """
     p = Path(path)
     try:
@@ -424,6 +744,12 @@ def read_bundle(path: str | os.PathLike, *, verify: bool = True) -> Bundle:
             graph.ParseFromString(graph_bytes)
         except Exception as e:  # protobuf's DecodeError
             raise BundleError(f"{p}: lowered graph is not a valid ONNX model ({e})") from None
+        if check:
+            try:
+                validate_manifest(manifest)
+                check_self_contained(graph)
+            except BundleError as e:
+                raise BundleError(f"{p}: {e.message}", hint=e.hint) from None
 
         mm = None
         if blob_len:
@@ -456,10 +782,10 @@ def _parse_weights(p: Path, raw: Any, blob_len: int) -> dict[str, WeightInfo]:
         where = f"{p}: weight {name!r}"
         if name in out:
             raise BundleError(f"{where} appears twice")
-        if dt_name not in _DTYPES:
+        if not isinstance(dt_name, str) or dt_name not in _DTYPES:
             raise BundleError(f"{where}: unsupported dtype {dt_name!r}")
         dt = _DTYPES[dt_name]
-        if not (isinstance(offset, int) and isinstance(nbytes, int)) or offset < 0 or nbytes < 0:
+        if not (_is_int(offset) and _is_int(nbytes)) or offset < 0 or nbytes < 0:
             raise BundleError(f"{where}: offset/nbytes must be non-negative integers")
         if offset % ALIGNMENT:
             raise BundleError(f"{where}: offset {offset} is not {ALIGNMENT}-byte aligned")
@@ -472,11 +798,18 @@ def _parse_weights(p: Path, raw: Any, blob_len: int) -> dict[str, WeightInfo]:
         if count * dt.itemsize != nbytes:
             raise BundleError(f"{where}: storage shape {storage} of {dt_name} is {count * dt.itemsize} bytes, "
                               f"entry says {nbytes}")
-        if any(d < 0 for d in logical):
-            raise BundleError(f"{where}: negative logical dimension in {logical}")
-        if c0 is not None and (not isinstance(c0, int) or c0 <= 0):
+        if any(d < 0 for d in logical) or any(d < 0 for d in storage):
+            raise BundleError(f"{where}: negative dimension in {logical} / {storage}")
+        if fmt == "ND" and _prod(storage) != _prod(onnx_shape if onnx_shape is not None else logical):
+            raise BundleError(f"{where}: stored as ND {storage} but its shape is "
+                              f"{onnx_shape if onnx_shape is not None else logical}")
+        try:
+            _format(fmt, "format")
+        except _Bad:
+            raise BundleError(f"{where}: unknown format {_show(fmt)}") from None
+        if c0 is not None and (not _is_int(c0) or c0 <= 0):
             raise BundleError(f"{where}: bad c0 {c0!r}")
-        if not isinstance(groups, int) or groups < 1:
+        if not _is_int(groups) or groups < 1:
             raise BundleError(f"{where}: bad groups {groups!r}")
         if origin is not None and not isinstance(origin, str):
             raise BundleError(f"{where}: bad origin {origin!r}")

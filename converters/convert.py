@@ -42,13 +42,13 @@ from typing import Any, Callable, ClassVar, Iterator, Mapping, Sequence
 import numpy as np
 import onnx
 
+from npu_deploy import _io
 from npu_deploy._result import Result
+from npu_deploy.converters import pipeline
+from npu_deploy.converters.options import ConvertOptions
 from npu_deploy._version import __version__
-from npu_deploy.errors import DependencyError, InputError
+from npu_deploy.errors import DependencyError
 
-BACKENDS = ("auto", "atc", "builtin")
-INPUT_FORMATS = ("NCHW", "NHWC", "ND", "NCDHW", "NDHWC")
-DEFAULT_SOC = "Ascend310P3"
 
 
 @dataclasses.dataclass
@@ -71,12 +71,12 @@ class ConvertResult(Result):
     plan: dict | None = None
     atc: dict | None = None
     seconds: float = 0.0
+    notes: list[str] = dataclasses.field(default_factory=list)  # options the chosen backend ignored
 
     def __bool__(self) -> bool:
         if self.plan is None:
             return True
-        share = (self.plan.get("cost") or {}).get("formattrans_share")
-        return share is None or share <= 0.08
+        return bool(self.plan_report())
 
     def plan_report(self):
         """The built-in plan as a :class:`PlanReport` (None for the ATC backend)."""
@@ -89,84 +89,6 @@ class ConvertResult(Result):
         if self.plan is not None:
             return f"{head}: {self.plan_report().verdict()}"
         return head
-
-
-def _check_options(backend: str, precision_mode: str | None, input_format: str | None,
-                   timeout: float | None, soc: str) -> None:
-    from npu_deploy.converters.planner import PRECISION_MODES
-    from npu_deploy.converters.support import soc_family
-
-    if backend not in BACKENDS:
-        raise InputError(f"unknown backend {backend!r}", hint=f"use one of: {', '.join(BACKENDS)}")
-    if precision_mode is not None and precision_mode not in PRECISION_MODES:
-        raise InputError(f"unknown precision mode {precision_mode!r}",
-                         hint=f"use one of: {', '.join(PRECISION_MODES)}")
-    if input_format is not None and input_format not in INPUT_FORMATS:
-        raise InputError(f"unknown input format {input_format!r}",
-                         hint=f"use one of: {', '.join(INPUT_FORMATS)}")
-    if timeout is not None and not timeout > 0:
-        raise InputError(f"timeout {timeout} must be a positive number of seconds")
-    soc_family(soc)
-
-
-def _check_atc_input_format(input_format: str | None, reason: str) -> None:
-    from npu_deploy.converters.atc import INPUT_FORMATS as ATC_INPUT_FORMATS
-
-    if input_format is not None and input_format not in ATC_INPUT_FORMATS:
-        raise InputError(f"--input-format {input_format} is not accepted by ATC for ONNX models: ATC's rule "
-                         f"for ONNX is {', '.join(ATC_INPUT_FORMATS)} (NHWC/NDHWC only for TensorFlow models); "
-                         f"backend atc ({reason})",
-                         hint=f"use --backend builtin, where {input_format} host inputs are supported (converted "
-                              f"on the device), or feed the model's own layout and drop --input-format")
-
-
-def _host_perm(host: str, graph: str) -> list[int]:
-    """Axis ``k`` of the host (channels-last) array is axis ``perm[k]`` of the graph's array."""
-    return [graph.index(a) for a in host]
-
-
-def _host_gears(loaded, input_format: str | None) -> list[dict[str, list[int]]]:
-    """``loaded.gears`` with each channels-last input's shape in the order the host feeds it."""
-    from npu_deploy.converters.planner import HOST_LAYOUTS, host_input_formats
-
-    host = host_input_formats(loaded.inputs, input_format)[0] if loaded.gears else {}
-    out = []
-    for g in loaded.gears:
-        gear = {}
-        for k, v in g.items():
-            f = host.get(k)
-            if f in HOST_LAYOUTS:
-                v = [v[j] for j in _host_perm(f, HOST_LAYOUTS[f][0])]
-            gear[k] = list(v)
-        out.append(gear)
-    return out
-
-
-def _check_output(path: Path) -> None:
-    parent = path.parent if str(path.parent) else Path(".")
-    if path.is_dir():
-        raise InputError(f"cannot write {path}: it is a folder", hint="give a file name with -o")
-    if not parent.is_dir():
-        raise InputError(f"cannot write {path}: folder {parent} does not exist",
-                         hint="create the folder or choose another -o")
-    if not os.access(parent, os.W_OK):
-        raise InputError(f"cannot write {path}: folder {parent} is not writable", hint="choose another -o")
-    if path.exists() and not os.access(path, os.W_OK):
-        raise InputError(f"cannot write {path}: the file is read-only", hint="choose another -o")
-
-
-def _same_file(a: Path, b: Path) -> bool:
-    try:
-        return a.resolve() == b.resolve() or (a.exists() and b.exists() and os.path.samefile(a, b))
-    except OSError:
-        return False
-
-
-def _check_not_the_model(path: Path, model: Path, what: str) -> None:
-    """Refuse an output path that would overwrite the model being converted (or its external data)."""
-    if _same_file(path, model):
-        raise InputError(f"{what} {path} is the model being converted: writing it would destroy the model",
-                         hint="choose another output name")
 
 
 def _choose_backend(backend: str, atc: str | os.PathLike | None) -> tuple[str, str, str | None]:
@@ -204,87 +126,74 @@ def convert(model: str | os.PathLike, output: str | os.PathLike | None = None, *
     kept in float32. ``atc_args``: extra ``--name=value`` passed to ATC verbatim. ``report``: write the
     result (with the plan report) as JSON. ``progress(stage, fraction)`` is called as work advances.
     """
-    from npu_deploy.converters.onnx_model import load_model
-    from npu_deploy.converters.support import check_support
+    options = ConvertOptions(backend=backend, soc=soc, input_shapes=input_shapes, input_format=input_format,
+                             dynamic_batch=dynamic_batch, dynamic_dims=dynamic_dims, precision_mode=precision_mode,
+                             keep_dtype=tuple(keep_dtype or ()), enable_small_channel=enable_small_channel,
+                             atc_args=tuple(atc_args or ()), timeout=timeout,
+                             insert_op_conf=None if insert_op_conf is None else str(insert_op_conf),
+                             atc=None if atc is None else str(atc))
+    with _io.outputs():  # a failure after the bundle/.om is written (e.g. the report) removes it again
+        return _convert(Path(model), output, options, report=report, progress=progress)
 
+
+def _convert(src: Path, output, o: ConvertOptions, *, report, progress) -> ConvertResult:
     t0 = time.perf_counter()
-    soc = soc or DEFAULT_SOC
-    _check_options(backend, precision_mode, input_format, timeout, soc)
-    if backend == "atc":
-        _check_atc_input_format(input_format, "requested (--backend atc)")
-    src = Path(model)
+    if o.backend == "atc":
+        o.for_backend("atc", "requested (--backend atc)")
     say = progress or (lambda stage, fraction=None: None)
+    ctx = pipeline.lower(src, None, o, say=say, until="op support")
+    loaded, support = ctx.loaded, ctx.support
 
-    say("loading model", None)
-    loaded = load_model(src, input_shapes=input_shapes, dynamic_batch=dynamic_batch, dynamic_dims=dynamic_dims)
-    say("checking op support", None)
-    support = check_support(loaded, soc, precision_mode=precision_mode)
-    support.raise_if_unsupported(src.name)
-
-    chosen, reason, atc_exe = _choose_backend(backend, atc)
-    if chosen == "atc":
-        _check_atc_input_format(input_format, reason)
-    if output is None:
-        out = src.with_suffix(".om" if chosen == "atc" else ".bundle")
-    else:
-        out = Path(output)
-    _check_output(out)
-    _check_not_the_model(out, src, "the output")
+    chosen, reason, atc_exe = _choose_backend(o.backend, o.atc)
+    notes = o.for_backend(chosen, reason)
+    out = src.with_suffix(".om" if chosen == "atc" else ".bundle") if output is None else Path(output)
+    _io.check_dest(out)
     if report is not None:
-        _check_output(Path(report))
-        _check_not_the_model(Path(report), src, "the report")
-        if _same_file(Path(report), out):
-            raise InputError(f"the report and the output are the same file ({out})",
-                             hint="give --report another name")
-    dynamic = {"mode": loaded.dynamic_mode, "gears": _host_gears(loaded, input_format)}
+        _io.check_dest(report)
+    _io.refuse_overwriting([("the output", out), ("--report", report)], [("model being converted", src)])
     support_d = {"verdict": support.verdict(), "counts": support.counts(),
                  "ai_cpu_nodes": [n.name for n in support.nodes if n.engine == "AI CPU" and not n.folded]}
-    mode = precision_mode or "force_fp16"
 
     if chosen == "atc":
-        atc_d, om_path = _run_atc(loaded, out, soc=soc, atc_exe=atc_exe, input_format=input_format,
-                                  dynamic_batch=dynamic_batch, precision_mode=precision_mode,
-                                  keep_dtype=keep_dtype, enable_small_channel=enable_small_channel,
-                                  atc_args=atc_args, timeout=timeout, say=say, insert_op_conf=insert_op_conf)
-        result = ConvertResult(str(src), om_path, "atc", reason, soc, mode, dynamic, support_d, None, atc_d,
-                               time.perf_counter() - t0)
+        # ATC takes the graph's own layout for ONNX models: its gears are the model's
+        dynamic = {"mode": loaded.dynamic_mode, "gears": [{k: list(v) for k, v in g.items()} for g in loaded.gears]}
+        atc_d, om_path = _run_atc(loaded, out, o, atc_exe=atc_exe, say=say)
+        _io.adopt(om_path)
+        result = ConvertResult(str(src), om_path, "atc", reason, o.soc, o.precision, dynamic, support_d, None,
+                               atc_d, time.perf_counter() - t0, notes)
     else:
-        from npu_deploy.converters.planner import plan
-
-        say("planning formats, TransData, memory", None)
-        p = plan(loaded, soc=soc, precision_mode=mode, keep_dtype=keep_dtype or (),
-                 enable_small_channel=enable_small_channel, input_format=input_format, support=support)
-        write_plan_bundle(out, loaded, p, input_format=input_format, support=support, progress=say)
-        result = ConvertResult(str(src), str(out), "builtin", reason, soc, mode, dynamic, support_d,
-                               p.report.to_dict(), None, time.perf_counter() - t0)
+        ctx.output = out
+        pipeline.run_steps([pipeline.STEPS["plan from ONNX"], pipeline.STEPS["bundle from plan"]], ctx, say)
+        p = ctx.plan
+        result = ConvertResult(str(src), str(out), "builtin", reason, o.soc, o.precision, p.dynamic, support_d,
+                               p.report.to_dict(), None, time.perf_counter() - t0, notes)
     if report is not None:
         result.to_json(report)
     return result
 
 
-def _run_atc(loaded, out: Path, *, soc, atc_exe, input_format, dynamic_batch, precision_mode, keep_dtype,
-             enable_small_channel, atc_args, timeout, say, insert_op_conf=None) -> tuple[dict, str]:
+def _run_atc(loaded, out: Path, o: ConvertOptions, *, atc_exe, say) -> tuple[dict, str]:
     from npu_deploy.converters import atc as atcmod
 
     shapes = {i.name: tuple(i.shape) for i in loaded.inputs}
-    extra = list(atc_args or ())
-    if enable_small_channel and not any(a.startswith("--enable_small_channel") for a in extra):
+    extra = list(o.atc_args)
+    if o.enable_small_channel and not any(a.startswith("--enable_small_channel") for a in extra):
         extra.append("--enable_small_channel=1")
-    kwargs: dict[str, Any] = {"input_shapes": shapes, "precision_mode": precision_mode, "extra_args": extra}
-    if input_format is not None:
-        kwargs["input_format"] = input_format
-    if keep_dtype:
-        kwargs["keep_dtype"] = list(keep_dtype)
-    if insert_op_conf is not None:
-        kwargs["insert_op_conf"] = insert_op_conf
+    kwargs: dict[str, Any] = {"input_shapes": shapes, "precision_mode": o.precision_mode, "extra_args": extra}
+    if o.input_format is not None:
+        kwargs["input_format"] = o.input_format
+    if o.keep_dtype:
+        kwargs["keep_dtype"] = list(o.keep_dtype)
+    if o.insert_op_conf is not None:
+        kwargs["insert_op_conf"] = o.insert_op_conf
     if loaded.dynamic_mode == "batch":
-        kwargs["dynamic_batch"] = [g[next(iter(g))][0] for g in loaded.gears] if dynamic_batch is None \
-            else list(dynamic_batch)
+        kwargs["dynamic_batch"] = [g[next(iter(g))][0] for g in loaded.gears] if o.dynamic_batch is None \
+            else list(o.dynamic_batch)
     elif loaded.dynamic_mode == "dims":
         slots = [(n, k) for n, s in shapes.items() for k, d in enumerate(s) if d < 0]
         kwargs["dynamic_dims"] = [[g[n][k] for n, k in slots] for g in loaded.gears]
     start = time.perf_counter()
-    res = atcmod.atc_convert(loaded.path, out, soc=soc, atc=atc_exe, timeout=timeout,
+    res = atcmod.atc_convert(loaded.path, out, soc=o.soc, atc=atc_exe, timeout=o.timeout,
                              on_line=lambda line, s: say(f"atc: {line}", None),
                              on_tick=lambda s: say(f"atc running ({s:.0f} s)", None), **kwargs)
     d = res.to_dict() if hasattr(res, "to_dict") else {}
@@ -397,31 +306,6 @@ def lowered_graph(loaded, moved: set[str], removed_nodes: set[str]) -> onnx.Mode
     return m
 
 
-def _io_entries(loaded, p, infos, input_format: str | None, is_input: bool) -> list[dict]:
-    from npu_deploy.converters.planner import HOST_LAYOUTS, host_input_formats, plain_name
-
-    host = host_input_formats(infos, input_format)[0] if is_input else {}
-    out = []
-    for info in infos:
-        shape = list(info.shape)
-        if not is_input and not loaded.gears and info.name in loaded.shapes:
-            shape = list(loaded.shapes[info.name])
-        full = list(loaded.shapes.get(info.name, tuple(max(d, 0) for d in shape)))
-        fmt = host.get(info.name) or plain_name(len(shape))
-        nbytes = int(np.prod(full, dtype=np.int64)) * np.dtype(info.dtype).itemsize
-        entry = {"name": info.name, "shape": shape, "dtype": np.dtype(info.dtype).name, "format": fmt,
-                 "device_format": fmt, "device_shape": full, "c0": None, "nbytes": nbytes,
-                 "device_dtype": p.tensor_dtypes.get(info.name, np.dtype(info.dtype).name)}
-        if fmt in HOST_LAYOUTS:
-            # the host feeds (and the device receives) the compact channels-last array; the plan's first
-            # TransData converts it on the device; the lowered graph itself reads graph_format
-            perm = _host_perm(fmt, HOST_LAYOUTS[fmt][0])
-            entry.update(shape=[shape[j] for j in perm], device_shape=[full[j] for j in perm],
-                         graph_format=HOST_LAYOUTS[fmt][0], graph_shape=shape)
-        out.append(entry)
-    return out
-
-
 def _sha256(path: Path) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
@@ -431,29 +315,8 @@ def _sha256(path: Path) -> str:
 
 
 def build_manifest(loaded, p, *, input_format: str | None = None, support=None) -> dict:
-    """The bundle manifest (keys of ``docs/internals.md``; extra keys documented in ``bundle``)."""
-    cost = p.cost.manifest_summary() if p.cost is not None else {"estimated": True, "soc": p.soc,
-                                                                  "formattrans_share": None, "est_us": {}}
-    return {
-        "producer": "npu-deploy",
-        "producer_version": __version__,
-        "soc": p.soc,
-        "precision_mode": p.precision_mode,
-        "inputs": _io_entries(loaded, p, loaded.inputs, input_format, True),
-        "outputs": _io_entries(loaded, p, loaded.outputs, None, False),
-        "dynamic": {"mode": loaded.dynamic_mode, "gears": _host_gears(loaded, input_format)},
-        "memory": p.memory.summary(),
-        "transdata": [t.to_manifest() for t in p.transdata],
-        "transdata_naive_count": len(p.transdata_naive),
-        "transdata_naive": [t.to_manifest() for t in p.transdata_naive],
-        "transdata_naive_bytes": sum(t.bytes for t in p.transdata_naive),
-        "node_formats": {k: v.to_manifest() for k, v in p.node_formats.items()},
-        "tensor_formats": p.tensor_formats,
-        "tensor_dtypes": p.tensor_dtypes,
-        "cost": cost,
-        "plan": {"verdict": p.report.verdict(), "passes": [list(x) for x in p.passes]},
-        "support": None if support is None else {"verdict": support.verdict(), "counts": support.counts()},
-        "source_model": {"name": loaded.path.name, "path": str(loaded.path), "sha256": _sha256(loaded.path),
-                         "opset": loaded.opset, "ir_version": loaded.model.ir_version,
-                         "opsets": {o.domain or "ai.onnx": int(o.version) for o in loaded.model.opset_import}},
-    }
+    """The bundle manifest: the plan's own record (:meth:`Plan.to_manifest`) plus where it came from."""
+    source = {"name": loaded.path.name, "path": str(loaded.path), "sha256": _sha256(loaded.path),
+              "opset": loaded.opset, "ir_version": loaded.model.ir_version,
+              "opsets": {o.domain or "ai.onnx": int(o.version) for o in loaded.model.opset_import}}
+    return p.to_manifest(support=support, source_model=source)

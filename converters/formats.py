@@ -38,9 +38,15 @@ Conventions
   overrides it (fp32 C0 = 8 exists). :func:`unpack` reads C0 from the storage shape and never guesses.
   Formats with a fixed C0 (NC1HWC0_C04, FRACTAL_NZ_C0_xx) reject a different ``c0``; plain formats
   ignore ``c0``.
-* Padding is always zero. ``pack`` allocates at most one output-sized array (none with ``out=``),
-  except for grouped FRACTAL_Z/FRACTAL_Z_3D (``groups > 1``) and FRACTAL_Z_C04, which go through one
-  intermediate of about the output's size.
+* Padding is always zero. ``pack``/``unpack`` allocate at most the output (nothing with ``out=``).
+  Layouts of two stages (FRACTAL_Z_C04, grouped FRACTAL_Z/FRACTAL_Z_3D whose ``e`` enlargement is
+  above 1) go through one intermediate of about the output's size, kept per thread between calls up
+  to 64 MiB; grouped layouts with ``e = 1`` read the input through a view instead.
+* Repeated calls are cheap: the first call with a given (format, shapes, dtype, c0, groups, origin)
+  compiles a *recipe*, found again by one dict lookup on the arguments: small tensors become one
+  ``np.take`` through a precomputed index map, larger ones a recorded sequence of compiled-kernel
+  calls (``_fastcopy``); without the kernel, the derived interpreter below. ``threads=`` sets the
+  thread count of large copies (default ``NPU_DEPLOY_THREADS``, else the usable cores, at most 8).
 * Errors are :class:`npu_deploy.errors.FormatError`.
 
 Additions to the contract in ``docs/internals.md``: :data:`GE_FORMATS`, :data:`GE_DTYPES`,
@@ -48,6 +54,7 @@ Additions to the contract in ``docs/internals.md``: :data:`GE_FORMATS`, :data:`G
 :func:`dtype_bits`, :func:`resolve_c0`, :func:`origin_of`, :func:`offsets` (vectorised offset map),
 :func:`layout_info` (a :class:`LayoutInfo` result, used by ``npu-deploy layout info``),
 :func:`transdata_origin`, ``transdata(..., src_c0=)``, ``unpack`` of a flat (raw dump) array,
+``threads=`` on :func:`pack`/:func:`unpack`/:func:`transdata`,
 :meth:`Format.describe`, ``Format.packable`` / ``Format.is_plain``, and ``FormatWord.groups``.
 """
 
@@ -56,6 +63,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
+import threading
 from functools import lru_cache
 from typing import Any, Callable, Mapping, Sequence
 
@@ -673,6 +681,10 @@ class FormatWord:
         return f"FormatWord(format={self.format.name!r}, sub_format={self.sub_format}, c0={self.c0})"
 
 
+# parse_format of a plain registry name is a dict hit (the hot path of pack/unpack/offset callers)
+_WORDS: dict[str, FormatWord] = {f.name: FormatWord(f) for f in _ENTRIES}
+
+
 def encode_format_word(fmt: Any, groups: int = 0, c0: int | None = None) -> int:
     """``primary | groups << 8 | c0_bits << 24`` (``types.h``), with ``C0 = 1 << (c0_bits - 1)``.
 
@@ -734,7 +746,11 @@ def parse_format(value: Any) -> FormatWord:
     if isinstance(value, FormatWord):
         return value
     if isinstance(value, Format):
-        return FormatWord(value)
+        return _WORDS[value.name] if FORMATS.get(value.name) is value else FormatWord(value)
+    if type(value) is str:
+        word = _WORDS.get(value)        # a plain known name: one dict hit, no regex
+        if word is not None:
+            return word
     if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
         return decode_format_word(int(value))
     if not isinstance(value, str):
@@ -770,6 +786,10 @@ def get_format(value: Any) -> Format:
     """
     if isinstance(value, Format):
         return value
+    if type(value) is str:
+        f = FORMATS.get(value)          # a plain known name: one dict hit, no regex
+        if f is not None:
+            return f
     return parse_format(value).format
 
 
@@ -1158,27 +1178,43 @@ def _tail_index(sp: _StagePlan):
             yield (Ellipsis,) + (slice(None),) * before + piece + (slice(None),) * after
 
 
-def _zero_padding(dv: np.ndarray, sp: _StagePlan) -> None:
+class _Run:
+    """Carries out the derived path's steps at once: piece copies through the fast copy, zeros by
+    assignment. (:class:`_Recorder` takes the same steps down as a reusable kernel program.)"""
+
+    def __init__(self, threads: int | None = None):
+        self.threads = threads
+
+    def copy(self, dst: np.ndarray, src: np.ndarray) -> None:
+        _fastcopy.copy(dst, src, threads=self.threads)
+
+    def zero(self, dst: np.ndarray) -> None:
+        dst[...] = 0
+
+    fill = zero         # a whole stage buffer
+
+
+def _zero_padding(dv: np.ndarray, sp: _StagePlan, sink: "_Run") -> None:
     for idx in sp.tails:
-        dv[idx] = 0
+        sink.zero(dv[idx])
 
 
-def _stage_pack(src: np.ndarray, sp: _StagePlan, dst: np.ndarray, zero_all: bool) -> None:
+def _stage_pack(src: np.ndarray, sp: _StagePlan, dst: np.ndarray, zero_all: bool, sink: "_Run") -> None:
     # Mostly padding (C = 3 in NC1HWC0): one contiguous fill beats many strided ones.
     if zero_all or 4 * math.prod(sp.in_shape) < 3 * dst.size:
-        dst[...] = 0
+        sink.fill(dst)
         zero_all = True
     dv = _elementary_view(dst, sp)
     if not zero_all:
-        _zero_padding(dv, sp)
+        _zero_padding(dv, sp, sink)
     for idx, slices, splits in sp.pieces:
-        _fastcopy.copy(dv[(Ellipsis,) + idx], _src_piece(src, sp, slices, splits))
+        sink.copy(dv[(Ellipsis,) + idx], _src_piece(src, sp, slices, splits))
 
 
-def _stage_unpack(phys: np.ndarray, sp: _StagePlan, dst: np.ndarray) -> None:
+def _stage_unpack(phys: np.ndarray, sp: _StagePlan, dst: np.ndarray, sink: "_Run") -> None:
     dv = _elementary_view(phys, sp)
     for idx, slices, splits in sp.pieces:
-        _fastcopy.copy(_src_piece(dst, sp, slices, splits), dv[(Ellipsis,) + idx])
+        sink.copy(_src_piece(dst, sp, slices, splits), dv[(Ellipsis,) + idx])
 
 
 def _as_letter_view(x: np.ndarray, p: _Plan) -> np.ndarray:
@@ -1196,6 +1232,9 @@ def _check_out(out: np.ndarray, shape: tuple[int, ...], dtype: np.dtype, what: s
                           f"{list(shape)} {dtype}")
     if not out.flags.writeable:
         raise FormatError("out= is read-only")
+    if not out.flags.c_contiguous:
+        raise FormatError("out= must be C-contiguous (it is the " +
+                          ("device byte image)" if what == "storage" else "logical array)"))
 
 
 def _as_array(x: Any) -> np.ndarray:
@@ -1207,12 +1246,286 @@ def _as_array(x: Any) -> np.ndarray:
         raise FormatError(f"cannot use {type(x).__name__} as a tensor: {e}") from None
 
 
+def _check_threads(threads: Any) -> int | None:
+    if threads is None:
+        return None
+    if isinstance(threads, bool) or not isinstance(threads, (int, np.integer)) or not 1 <= int(threads) <= 256:
+        raise FormatError(f"threads = {threads!r} must be an integer between 1 and 256, or None",
+                          hint="None uses NPU_DEPLOY_THREADS or the core count (for copies of 4 MiB and more)")
+    return int(threads)
+
+
+# ------------------------------------------------------------------------------------------------
+# Recipes: the per-call fast path. A recipe is a plan compiled for one call signature (format,
+# shapes, dtype, c0, groups, origin, direction), found by one dict lookup on the raw arguments, so a
+# repeated call does no parsing, no validation beyond its ``out=`` and no view building. Small
+# tensors are one ``np.take`` through a precomputed index map (the whole conversion in one numpy
+# call, from the same offsets the entry derives); larger ones run the plan's pieces through the fast
+# copy. Recipes are only made for arguments that passed the full checks once.
+# ------------------------------------------------------------------------------------------------
+
+_GATHER_MAX = 8192             # index entries: up to here one gather beats the kernel program (measured)
+_GATHER_FALLBACK_MAX = 1 << 17  # ... and without the kernel up to here it beats the piece copies
+_RECIPE_BUDGET = 64 << 20      # bytes of index maps kept at most (oldest recipes dropped first)
+_UINT = {1: np.dtype(np.uint8), 2: np.dtype(np.uint16), 4: np.dtype(np.uint32), 8: np.dtype(np.uint64)}
+_recipes: dict[tuple, "_Recipe"] = {}
+_recipe_bytes = 0
+_recipe_lock = threading.Lock()
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class _Recipe:
+    """What a pack (``unpack=False``) or unpack call with one argument signature does.
+
+    ``gather``: output flat index -> input flat index (``np.take``), or None (piece copies);
+    ``zero``: output positions to clear after the gather (pack padding); ``scatter``: mostly padding,
+    so pack clears the output and scatters the input through ``gather`` (then input -> output)."""
+
+    plan: _Plan
+    unpack: bool
+    in_shape: tuple[int, ...]
+    out_shape: tuple[int, ...]
+    gather: np.ndarray | None = None
+    zero: np.ndarray | None = None
+    scatter: bool = False
+    unit: int = 1               # elements moved as one (an aligned run contiguous on both sides)
+    programs: dict = dataclasses.field(default_factory=dict)   # thread count -> kernel program
+    views: int = 0              # leading stages that are views (no intermediate array)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(a.nbytes for a in (self.gather, self.zero) if a is not None)
+
+
+def _run_length(index: np.ndarray, n_src: int, itemsize: int) -> int:
+    """The widest k (k·itemsize a numpy unit of 2..32 bytes) such that ``index`` moves aligned runs
+    of k consecutive elements (NZ's C0 rows): the map then works on k-element units."""
+    for width in sorted(_fastcopy._UNITS, reverse=True):
+        k = width // itemsize
+        if k < 2 or width % itemsize or index.size % k or n_src % k:
+            continue
+        runs = index.reshape(-1, k)
+        if not (runs[:, 0] % k).any() and (runs - runs[:, :1] == np.arange(k)).all():
+            return k
+    return 1
+
+
+def _make_recipe(p: _Plan, unpack: bool, in_shape: tuple[int, ...]) -> _Recipe:
+    r = _make_recipe_maps(p, unpack, in_shape)
+    if len(p.stages) > 1:
+        stand_in = np.empty(p.shape, p.dtype)       # never touched: only its strides matter
+        r = dataclasses.replace(r, views=len(_view_chain(_as_letter_view(stand_in, p), p)) - 1)
+    return r
+
+
+def _make_recipe_maps(p: _Plan, unpack: bool, in_shape: tuple[int, ...]) -> _Recipe:
+    out_shape = p.shape if unpack else p.storage
+    size, stored = math.prod(p.shape), math.prod(p.storage)
+    if max(size, stored) > max(_GATHER_MAX, _GATHER_FALLBACK_MAX) or size == 0:
+        return _Recipe(p, unpack, in_shape, out_shape)
+    item = p.dtype.itemsize
+    offs = np.ascontiguousarray(_offsets_of(p), dtype=np.intp).reshape(-1)   # logical -> storage
+    if unpack:
+        k = _run_length(offs, stored, item)
+        return _Recipe(p, unpack, in_shape, out_shape, gather=offs[::k] // k, unit=k)
+    if 2 * size < stored:         # mostly padding: clear, then scatter the data
+        k = _run_length(offs, stored, item)
+        return _Recipe(p, unpack, in_shape, out_shape, gather=offs[::k] // k, scatter=True, unit=k)
+    hit = np.zeros(stored, bool)
+    hit[offs] = True
+    inv = np.zeros(stored, np.intp)          # storage -> logical; padding: 0 (cleared afterwards)
+    inv[offs] = np.arange(size, dtype=np.intp)
+    k = 1
+    for width in sorted(_fastcopy._UNITS, reverse=True):
+        kk = width // item
+        if kk < 2 or width % item or stored % kk or size % kk:
+            continue
+        h = hit.reshape(-1, kk)
+        full = h.all(axis=1)
+        if (h.any(axis=1) != full).any():
+            continue                         # a unit mixing data and padding
+        runs = inv.reshape(-1, kk)[full]
+        if not (runs[:, 0] % kk).any() and (runs - runs[:, :1] == np.arange(kk)).all():
+            k = kk
+            break
+    zero = np.flatnonzero(~hit[::k]).astype(np.intp)
+    return _Recipe(p, unpack, in_shape, out_shape, gather=inv[::k] // k, zero=zero if zero.size else None,
+                   unit=k)
+
+
+def _remember(key: tuple | None, r: _Recipe) -> _Recipe:
+    global _recipe_bytes
+    if key is None:
+        return r
+    with _recipe_lock:
+        if key in _recipes:
+            return _recipes[key]
+        _recipes[key] = r
+        _recipe_bytes += r.nbytes + 512
+        while _recipe_bytes > _RECIPE_BUDGET and len(_recipes) > 1:
+            old = _recipes.pop(next(iter(_recipes)))
+            _recipe_bytes -= old.nbytes + 512
+    return r
+
+
+def _clear_recipes() -> None:
+    """Forget every recipe (tests, and after changing ``_GATHER_MAX``)."""
+    global _recipe_bytes
+    with _recipe_lock:
+        _recipes.clear()
+        _recipe_bytes = 0
+
+
+def _cache_key(kind: str, fmt: Any, *rest: Any) -> tuple | None:
+    """The recipe key of a call, or None when an argument makes it uncacheable (unhashable, or a
+    bool where an int is expected: those must go through the full checks every time)."""
+    if isinstance(fmt, Format):
+        fmt = fmt.name if FORMATS.get(fmt.name) is fmt else None
+    if fmt is None:
+        return None
+    for v in rest[-3:-1]:           # c0, groups
+        if v is not None and type(v) is not int:
+            return None
+    key = (kind, fmt) + rest
+    try:
+        hash(key)
+    except TypeError:
+        return None
+    return key
+
+
+class _Recorder(_Run):
+    """Takes the derived path's steps down as compiled-kernel calls relative to the call's buffers
+    (input, output, intermediates): a program replayed on any buffers of the same shapes. ``ok`` is
+    False when some step cannot go through the kernel (then the recipe uses the derived path)."""
+
+    def __init__(self, bufs: Sequence[np.ndarray], threads: int):
+        self.bounds = [_fastcopy._byte_bounds(b) for b in bufs]
+        self.threads = threads
+        self.steps: list = []
+        self.ok = True
+
+    def _at(self, ptr: int) -> tuple[int, int]:
+        for i, (lo, hi) in enumerate(self.bounds):
+            if lo <= ptr < hi:
+                return i, ptr - lo
+        return -1, ptr          # the kernel's own zero source (a module constant)
+
+    def _add(self, tasks) -> None:
+        if tasks is None:
+            self.ok = False
+        elif tasks:
+            self.steps.append(tuple((fn, *self._at(dp), *self._at(sp), args) for fn, dp, sp, args in tasks))
+
+    def copy(self, dst: np.ndarray, src: np.ndarray) -> None:
+        if self.ok:
+            self._add(_fastcopy.kernel_tasks(dst, src, self.threads))
+
+    def zero(self, dst: np.ndarray) -> None:
+        if self.ok:
+            self._add(_fastcopy.kernel_tasks(dst, None, self.threads))
+
+    def fill(self, dst: np.ndarray) -> None:
+        i = self.bounds.index(_fastcopy._byte_bounds(dst))     # always a whole stage buffer
+        self.steps.append(i)
+
+
+_TEMP_KEEP = 64 << 20           # intermediates up to this size are kept per thread between calls
+
+
+def _temps(r: _Recipe) -> list[np.ndarray | None]:
+    """The intermediate arrays of a multi-stage layout (grouped FRACTAL_Z with e > 1, FRACTAL_Z_C04);
+    None for stages that are views."""
+    out: list[np.ndarray | None] = []
+    for i, sp in enumerate(r.plan.stages[:-1]):
+        nbytes = math.prod(sp.out_shape) * r.plan.dtype.itemsize
+        if i < r.views:
+            buf = None
+        elif nbytes <= _TEMP_KEEP:
+            buf = _fastcopy._scratch(nbytes, f"formats_stage{i}").view(r.plan.dtype).reshape(sp.out_shape)
+        else:
+            buf = np.empty(sp.out_shape, r.plan.dtype)
+        out.append(buf)
+    return out
+
+
+def _program(r: _Recipe, n_threads: int):
+    """Record the recipe's kernel program for ``n_threads`` (False: the kernel cannot do it)."""
+    dt = r.plan.dtype
+    x = np.empty(r.in_shape, dt)        # stand-ins of the call's buffers: never touched
+    out = np.empty(r.out_shape, dt)
+    temps = [np.empty(sp.out_shape, dt) for sp in r.plan.stages[:-1]]
+    rec = _Recorder([x, out, *temps], n_threads)     # unused temps (view stages) are never referenced
+    if r.unpack:
+        _unpack_derived(x.reshape(r.plan.storage), r.plan, out, sink=rec, temps=temps)
+    else:
+        _pack_derived(x, r.plan, out, sink=rec, temps=temps)
+    return tuple(rec.steps) if rec.ok else False
+
+
+def _replay(steps: tuple, bufs: list[np.ndarray], n_threads: int) -> None:
+    ptrs = [b.__array_interface__["data"][0] for b in bufs]
+    for step in steps:
+        if type(step) is int:
+            bufs[step].reshape(-1).view(np.uint8).fill(0)
+        elif len(step) == 1:
+            fn, di, do, si, so, args = step[0]
+            if fn(ptrs[di] + do, ptrs[si] + so if si >= 0 else so, *args) != 0:
+                raise RuntimeError("fast copy: the kernel rejected its arguments")
+        else:
+            _fastcopy.run_tasks([(fn, ptrs[di] + do, ptrs[si] + so if si >= 0 else so, args)
+                                 for fn, di, do, si, so, args in step], n_threads)
+
+
+def _run_recipe(r: _Recipe, x: np.ndarray, out: np.ndarray | None, threads: int | None) -> np.ndarray:
+    if out is None:
+        out = np.empty(r.out_shape, dtype=x.dtype)
+    elif not (type(out) is np.ndarray and out.shape == r.out_shape and out.dtype == x.dtype
+              and out.flags.c_contiguous and out.flags.writeable):
+        _check_out(out, r.out_shape, x.dtype, "logical" if r.unpack else "storage")
+    if (r.gather is not None and _fastcopy.ENABLED and x.flags.c_contiguous
+            and (r.gather.size <= _GATHER_MAX or _fastcopy._kernel_fn() is None)):
+        # raw units: take/put move bytes; zeros are written through unsigned views (bit-exact zero
+        # bytes whatever the dtype: a long-double "0" leaves its padding bytes undefined)
+        ub = r.unit * x.dtype.itemsize
+        src, dst = x.reshape(-1), out.reshape(-1)
+        if r.unit > 1:
+            src, dst = src.view(_fastcopy._UNITS[ub]), dst.view(_fastcopy._UNITS[ub])
+        if r.scatter:
+            out.reshape(-1).view(np.uint8).fill(0)
+            np.put(dst, r.gather, src, mode="clip")
+        else:
+            np.take(src, r.gather, out=dst, mode="clip")
+            if r.zero is not None:
+                if ub in _UINT:
+                    np.put(dst.view(_UINT[ub]), r.zero, 0, mode="clip")
+                else:
+                    dst.view(np.uint8).reshape(-1, ub)[r.zero] = 0
+        return out
+    if _fastcopy.ENABLED and _fastcopy.KERNEL_ENABLED and x.flags.c_contiguous and out.size:
+        n = threads or _fastcopy._threads()
+        prog = r.programs.get(n)
+        if prog is None:
+            prog = r.programs[n] = _program(r, n)
+        if prog is not False:
+            _replay(prog, [x, out, *_temps(r)] if r.views < len(r.plan.stages) - 1 else [x, out], n)
+            return out
+    if r.unpack:
+        phys = x if x.shape == r.plan.storage else x.reshape(r.plan.storage)
+        _unpack_derived(phys, r.plan, out, threads)
+    else:
+        _pack_derived(x, r.plan, out, threads)
+    return out
+
+
 def pack(x: Any, fmt: Any, *, c0: int | None = None, groups: int = 1, origin: str | None = None,
-         out: np.ndarray | None = None) -> np.ndarray:
+         out: np.ndarray | None = None, threads: int | None = None) -> np.ndarray:
     """Lay out a logical array in ``fmt`` (zero padding). Returns the storage-shaped array.
 
     ``x`` is in the ``origin`` layout (default: NCHW for 4-D formats, NCDHW for 3-D, ND for NZ).
-    ``out`` (C-contiguous, storage shape, same dtype) receives the result without allocating.
+    ``out`` (C-contiguous, storage shape, same dtype) receives the result without allocating: a
+    buffer reused between calls makes a repeated conversion allocation-free. ``threads`` caps the
+    threads of large copies (default: ``NPU_DEPLOY_THREADS``, else the usable cores, at most 8).
 
     >>> x = np.arange(1, 13, dtype=np.float16).reshape(1, 3, 2, 2)
     >>> pack(x, "NC1HWC0").reshape(-1)[:4].tolist()
@@ -1221,24 +1534,65 @@ def pack(x: Any, fmt: Any, *, c0: int | None = None, groups: int = 1, origin: st
     (2, 2, 16, 32)
     """
     x = _as_array(x)
-    p = _plan(fmt, x.shape, x.dtype, c0, groups, origin)
-    if out is None:
-        out = np.empty(p.storage, dtype=x.dtype)
-    else:
-        _check_out(out, p.storage, x.dtype, "storage")
-        if not out.flags.c_contiguous:
-            raise FormatError("out= must be C-contiguous (it is the device byte image)")
-    _pack_derived(x, p, out)
-    return out
+    key = _cache_key("p", fmt, x.shape, x.dtype, c0, groups, origin)
+    r = _recipes.get(key) if key is not None else None
+    if threads is not None:
+        threads = _check_threads(threads)
+    if r is None:
+        p = _plan(fmt, x.shape, x.dtype, c0, groups, origin)
+        r = _remember(key, _make_recipe(p, False, x.shape))
+    return _run_recipe(r, x, out, threads)
 
 
-def _pack_derived(x: np.ndarray, p: _Plan, out: np.ndarray) -> None:
-    """Reference path: interpret the entry's stages literally."""
-    cur = _as_letter_view(x, p)
+def _stage_view(a: np.ndarray, sp: _StagePlan) -> np.ndarray | None:
+    """The stage's output as a view of its input ``a`` when the stage only moves axes (no padding,
+    no diagonal) and every output axis is one strided axis of ``a`` (grouped FRACTAL_Z's first stage
+    when e = 1); else None. Saves an intermediate array and a pass over the data."""
+    if any(L != math.prod(sz) for L, sz in zip(sp.lengths, sp.lhs_sizes)):
+        return None
+    if sp.diagonal and any(sp.sizes[a] != 1 for a in set(sp.stage.rhs_axes) if sp.stage.rhs_axes.count(a) > 1):
+        return None             # a real diagonal (an axis named twice with size 1 is no diagonal)
+    nb = len(sp.batch)
+    v = _split_axes(a, sp.lhs_sizes, nb)
+    pos = {name: nb + i for i, name in enumerate(sp.stage.lhs_axes)}
+    shape, strides = list(v.shape[:nb]), list(v.strides[:nb])
+    for group in sp.stage.rhs:
+        axes = [pos[name] for name in group if v.shape[pos[name]] != 1]
+        for outer, inner in zip(axes, axes[1:]):
+            if v.strides[outer] != v.strides[inner] * v.shape[inner]:
+                return None
+        shape.append(math.prod(v.shape[i] for i in axes))
+        strides.append(v.strides[axes[-1]] if axes else v.itemsize)
+    return np.lib.stride_tricks.as_strided(v, tuple(shape), tuple(strides), writeable=a.flags.writeable)
+
+
+def _view_chain(v: np.ndarray, p: _Plan) -> list[np.ndarray]:
+    """[input of stage 0 (= v), its output, ...] as views of ``v``, for as long as the stages before
+    the last one are pure axis moves (:func:`_stage_view`)."""
+    chain = [v]
+    for sp in p.stages[:-1]:
+        w = _stage_view(chain[-1], sp)
+        if w is None:
+            break
+        chain.append(w)
+    return chain
+
+
+def _pack_derived(x: np.ndarray, p: _Plan, out: np.ndarray, threads: int | None = None,
+                  sink: "_Run | None" = None, temps: Sequence[np.ndarray | None] = ()) -> None:
+    """Reference path: interpret the entry's stages literally (``temps``: the intermediate arrays of
+    multi-stage layouts, allocated when not given; stages that are pure axis moves are views)."""
+    sink = sink or _Run(threads)
+    chain = _view_chain(_as_letter_view(x, p), p)
+    cur = chain[-1]
     n = len(p.stages)
-    for i, sp in enumerate(p.stages):
-        dst = out if i == n - 1 else np.empty(sp.out_shape, dtype=out.dtype)
-        _stage_pack(cur, sp, dst, zero_all=sp.diagonal)
+    for i in range(len(chain) - 1, n):
+        sp = p.stages[i]
+        if i == n - 1:
+            dst = out
+        else:
+            dst = temps[i] if temps and temps[i] is not None else np.empty(sp.out_shape, dtype=out.dtype)
+        _stage_pack(cur, sp, dst, zero_all=sp.diagonal, sink=sink)
         cur = dst
 
 
@@ -1261,18 +1615,35 @@ def _read_c0(p_fmt: Format, phys: np.ndarray, c0: int | None, dtype: np.dtype, k
 
 
 def unpack(phys: Any, fmt: Any, shape: Sequence[int], *, c0: int | None = None, groups: int = 1,
-           origin: str | None = None, out: np.ndarray | None = None) -> np.ndarray:
+           origin: str | None = None, out: np.ndarray | None = None, threads: int | None = None) -> np.ndarray:
     """Recover the logical array (in the ``origin`` layout) from its storage array, dropping padding.
 
     C0 is read from ``phys.shape`` when the format has a C0 axis last; a ``c0`` that disagrees is an
     error. ``phys`` may also be flat (e.g. raw bytes read with ``np.frombuffer``) if ``c0`` is given or
-    the default C0 applies; its size is checked.
+    the default C0 applies; its size is checked. ``out`` and ``threads`` as for :func:`pack`.
 
     >>> x = np.arange(700, dtype=np.float32).reshape(20, 35)
     >>> bool((unpack(pack(x, "FRACTAL_NZ", c0=8), "FRACTAL_NZ", x.shape) == x).all())
     True
     """
     phys = _as_array(phys)
+    try:
+        shape_key = tuple(shape)
+    except TypeError:
+        shape_key = None
+    key = (_cache_key("u", fmt, phys.shape, phys.dtype, shape_key, c0, groups, origin)
+           if shape_key is not None else None)
+    r = _recipes.get(key) if key is not None else None
+    if threads is not None:
+        threads = _check_threads(threads)
+    if r is None:
+        r = _remember(key, _make_recipe(_unpack_plan(phys, fmt, shape, c0, groups, origin), True, phys.shape))
+    return _run_recipe(r, phys, out, threads)
+
+
+def _unpack_plan(phys: np.ndarray, fmt: Any, shape: Sequence[int], c0: int | None, groups: int,
+                 origin: str | None) -> _Plan:
+    """The full checks of an unpack call (C0 read from the storage shape, sizes), and its plan."""
     f = get_format(fmt)
     if not f.packable:
         _plan(f, shape, phys.dtype, c0, groups, origin)  # raises the "decoding only" error
@@ -1288,34 +1659,30 @@ def unpack(phys: Any, fmt: Any, shape: Sequence[int], *, c0: int | None = None, 
     if phys.ndim >= 2:  # a storage-shaped array: C0 is read from it, never guessed
         c0 = _read_c0(f, phys, c0, phys.dtype, layout)
     p = _plan(f, shape_t, phys.dtype, c0, groups, origin)
-    if phys.shape != p.storage:
-        if phys.ndim == 1 and phys.size == math.prod(p.storage):
-            phys = phys.reshape(p.storage)
-        else:
-            raise FormatError(f"{f.name}: storage array has shape {list(phys.shape)} "
-                              f"({phys.size} elements), but logical shape {list(shape_t)} {phys.dtype.name} "
-                              f"needs storage {list(p.storage)} ({math.prod(p.storage)} elements)",
-                              hint="check the logical shape, the dtype and C0")
-    if out is None:
-        out = np.empty(p.shape, dtype=phys.dtype)
-    else:
-        _check_out(out, p.shape, phys.dtype, "logical")
-        if not out.flags.c_contiguous:
-            raise FormatError("out= must be C-contiguous")
-    _unpack_derived(phys, p, out)
-    return out
+    if phys.shape != p.storage and not (phys.ndim == 1 and phys.size == math.prod(p.storage)):
+        raise FormatError(f"{f.name}: storage array has shape {list(phys.shape)} "
+                          f"({phys.size} elements), but logical shape {list(shape_t)} {phys.dtype.name} "
+                          f"needs storage {list(p.storage)} ({math.prod(p.storage)} elements)",
+                          hint="check the logical shape, the dtype and C0")
+    return p
 
 
-def _unpack_derived(phys: np.ndarray, p: _Plan, out: np.ndarray) -> None:
+def _unpack_derived(phys: np.ndarray, p: _Plan, out: np.ndarray, threads: int | None = None,
+                    sink: "_Run | None" = None, temps: Sequence[np.ndarray | None] = ()) -> None:
+    sink = sink or _Run(threads)
+    letters = _as_letter_view(out, p)
+    if not np.shares_memory(letters, out) and out.size:
+        raise AssertionError("letter view of out is not a view")
+    chain = _view_chain(letters, p)
+    k = len(chain) - 1      # stages before k are views: chain[k] is stage k's input, inside out
     cur = phys
-    for i, sp in reversed(list(enumerate(p.stages))):
-        if i == 0:
-            dst = _as_letter_view(out, p)
-            if not np.shares_memory(dst, out) and out.size:
-                raise AssertionError("letter view of out is not a view")
+    for i in range(len(p.stages) - 1, k - 1, -1):
+        if i == k:
+            dst = chain[k]
         else:
-            dst = np.empty(p.stages[i - 1].out_shape, dtype=phys.dtype)
-        _stage_unpack(cur, sp, dst)
+            dst = (temps[i - 1] if temps and temps[i - 1] is not None
+                   else np.empty(p.stages[i - 1].out_shape, dtype=phys.dtype))
+        _stage_unpack(cur, p.stages[i], dst, sink)
         cur = dst
 
 
@@ -1387,7 +1754,10 @@ def offsets(fmt: Any, shape: Sequence[int], dtype: Any, *, c0: int | None = None
     >>> offsets("NC1HWC0", (1, 3, 2, 2), "float16").reshape(-1)[:5].tolist()
     [0, 16, 32, 48, 1]
     """
-    p = _plan(fmt, shape, dtype, c0, groups, origin)
+    return _offsets_of(_plan(fmt, shape, dtype, c0, groups, origin))
+
+
+def _offsets_of(p: _Plan) -> np.ndarray:
     grids = np.indices(p.shape, dtype=np.int64) if p.shape else np.zeros((0,), np.int64)
     return np.asarray(_offset_of(p, list(grids)), dtype=np.int64).reshape(p.shape)
 
@@ -1398,12 +1768,14 @@ def offsets(fmt: Any, shape: Sequence[int], dtype: Any, *, c0: int | None = None
 
 def transdata(x: Any, src_fmt: Any, dst_fmt: Any, shape: Sequence[int], *, c0: int | None = None,
               src_c0: int | None = None, groups: int = 1, origin: str | None = None,
-              out: np.ndarray | None = None) -> np.ndarray:
+              out: np.ndarray | None = None, threads: int | None = None) -> np.ndarray:
     """Convert a storage array from ``src_fmt`` to ``dst_fmt`` through the logical array ``shape``.
 
     ``c0`` applies to the destination; the source's C0 is read from ``x.shape`` (or ``src_c0``).
     ``origin`` is the layout of ``shape``; by default the plain side's own layout when one side is a
-    4-D/5-D plain format, else the destination's default origin.
+    4-D/5-D plain format, else the destination's default origin. ``out`` and ``threads`` as for
+    :func:`pack`; the logical intermediate is a per-thread buffer kept between calls (up to 64 MiB),
+    so a repeated conversion into ``out=`` allocates nothing of the tensor's size.
 
     >>> x = np.arange(24, dtype=np.float16).reshape(1, 2, 3, 4)            # NHWC
     >>> y = transdata(x, "NHWC", "NC1HWC0", x.shape)
@@ -1414,8 +1786,17 @@ def transdata(x: Any, src_fmt: Any, dst_fmt: Any, shape: Sequence[int], *, c0: i
     sf, df = get_format(src_fmt), get_format(dst_fmt)
     if origin is None:
         origin = transdata_origin(sf, df)
-    logical = unpack(x, sf, shape, c0=src_c0, groups=groups, origin=origin)
-    return pack(logical, df, c0=c0, groups=groups, origin=origin, out=out)
+    x = _as_array(x)
+    tmp = None
+    try:
+        n = math.prod(int(d) for d in shape)
+    except (TypeError, ValueError):
+        n = None
+    if n is not None and 0 < n * x.dtype.itemsize <= _TEMP_KEEP and not x.dtype.hasobject:
+        tmp = _fastcopy._scratch(n * x.dtype.itemsize, "transdata").view(x.dtype).reshape(
+            tuple(int(d) for d in shape))
+    logical = unpack(x, sf, shape, c0=src_c0, groups=groups, origin=origin, out=tmp, threads=threads)
+    return pack(logical, df, c0=c0, groups=groups, origin=origin, out=out, threads=threads)
 
 
 def transdata_origin(src_fmt: Any, dst_fmt: Any) -> str | None:

@@ -35,7 +35,11 @@ JSON schema ``npu-deploy/inspect``, version 1 (``InspectReport.to_json``). Top l
 * ``bundle`` (or null): ``soc``, ``precision_mode``, ``producer``, ``producer_version``,
   ``source_model``, ``dynamic`` (``{mode, gears}``), ``memory``, ``transdata_naive_count``,
   ``formattrans_share``, ``weights`` (``{count, bytes}``), ``graph`` (``{nodes, opset}``),
-  ``integrity`` (``[{check, ok, detail}]``), ``node_formats`` (with ``layers``)
+  ``integrity`` (``[{check, ok, detail}]``: header, sections and checksums; self-contained (no
+  external data, functions or foreign op domains: what the emulator refuses to run); manifest fields
+  of the types and ranges the runtime reads; manifest/graph agreement; weights used; memory plan),
+  ``node_formats`` (with ``layers``). A bundle the emulator would refuse is reported, not raised:
+  ``ok`` is false (exit 1); a damaged header, section table or graph/manifest checksum raises (exit 2)
 * ``om`` (or null): ``variant`` (``"om"``, ``"encrypted"``, ``"PICO"``, ``"ZIP"`` (maybe an OM2)), ``header`` (all
   ModelFileHeader fields), ``partitions`` (``[{model_index, type, type_name, offset, size}]``),
   ``model`` (``{name, version, graphs, attrs}``: scalar model attributes, e.g. ``soc_version``,
@@ -440,19 +444,21 @@ def _bundle_tensor(t: Any) -> dict:
 
 
 def _inspect_bundle(path: Path, *, ops: bool, layers: bool, verify: bool) -> InspectReport:
-    from npu_deploy.converters.bundle import read_bundle
+    from npu_deploy.converters.bundle import check_self_contained, read_bundle, validate_manifest
 
     problems: list[str] = []
     notes: list[str] = []
     checks: list[dict] = []
+    # the manifest and self-containment checks run below, so that their failures are reported (exit 1)
+    # rather than raised; a damaged file (header, sections, checksums) still raises (exit 2)
     try:
-        b = read_bundle(path, verify=verify)
+        b = read_bundle(path, verify=verify, check=False)
         checks.append({"check": "header, sections and checksums" + (" (weights too)" if verify else ""),
                        "ok": True, "detail": ""})
     except BundleError as e:
         if not verify or "weight blob checksum" not in str(e):
             raise
-        b = read_bundle(path, verify=False)
+        b = read_bundle(path, verify=False, check=False)
         problems.append(str(e))
         checks.append({"check": "weight blob checksum", "ok": False, "detail": str(e)})
     if not verify:
@@ -470,6 +476,16 @@ def _inspect_bundle(path: Path, *, ops: bool, layers: bool, verify: bool) -> Ins
         checks.append({"check": name, "ok": bool(ok), "detail": detail})
         if not ok:
             problems.append(f"{name}: {detail}" if detail else name)
+
+    for name, run in (("self-contained (no external data, functions or foreign op domains)",
+                       lambda: check_self_contained(graph)),
+                      ("manifest fields have the types and ranges the runtime reads",
+                       lambda: validate_manifest(m))):
+        try:
+            run()
+            check(name, True)
+        except BundleError as e:
+            check(name, False, e.message)
 
     init = {t.name for t in g.initializer}
     g_in = [vi.name for vi in g.input if vi.name not in init]

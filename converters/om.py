@@ -63,9 +63,16 @@ MAX_MODELS = 4096
 MAX_OPS = 2_000_000
 MAX_GEARS = 4096
 MAX_RANK = 128             # ACL_MAX_DIM_CNT
+# ATC's fusion mapping (accuracy-debug.md §4): the op attr lists the original-model nodes fused into the
+# op (absent: the op is the original node itself; empty: ATC inserted it); an output descriptor's
+# `_datadump_origin_name` / `_datadump_origin_output_index` say which original tensor that output is.
+ORIGINAL_NAMES_ATTR = "_datadump_original_op_names"
+ORIGIN_NAME_ATTR = "_datadump_origin_name"
+ORIGIN_INDEX_ATTR = "_datadump_origin_output_index"
+MAX_ORIGIN_INDEX = 1 << 20   # an original node with more outputs than this is a corrupt attribute
 _KEEP_OP_ATTRS = ("src_format", "dst_format", "dst_type", "perm", "index", "groups",
                   "_mbatch_origin_input_dims", "input_dims", "_dynamic_aipp_input_dims",
-                  "batch_num", "mbatch_dynamic_type", "_datadump_original_op_names")
+                  "batch_num", "mbatch_dynamic_type", ORIGINAL_NAMES_ATTR)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -137,8 +144,24 @@ class OmTensor:
 
 
 @dataclass
+class OmOrigin:
+    """The original-model tensor an op output is: output ``output_index`` of node ``name``."""
+
+    name: str
+    output_index: int
+
+
+@dataclass
 class OmOp:
-    """An op of the ModelDef: type, where it runs, the formats on its edges and the attributes kept."""
+    """An op of the ModelDef: type, where it runs, the formats on its edges and the attributes kept.
+
+    ``inputs`` are the data edges as written (``"producer:index"``; ``":-1"`` is a control edge, ``""``
+    an absent optional input). ``original_names`` is ATC's fusion mapping: the original-model nodes
+    fused into this op, ``[]`` for an op ATC inserted (TransData, Cast…), None when the attribute is
+    absent (the op is the original node of its own name). ``output_origins[i]`` is the original tensor
+    output ``i`` stands for, when the file says so. ``id`` is the execution-order id (None when not
+    written; protobuf leaves out an id of 0).
+    """
 
     name: str
     type: str
@@ -149,6 +172,10 @@ class OmOp:
     input_shapes: list[list[int]] = field(default_factory=list)
     output_shapes: list[list[int]] = field(default_factory=list)
     attrs: dict[str, Any] = field(default_factory=dict)
+    inputs: list[str] = field(default_factory=list)
+    original_names: list[str] | None = None
+    output_origins: list[OmOrigin | None] = field(default_factory=list)
+    id: int | None = None
 
 
 @dataclass
@@ -425,7 +452,8 @@ def _attr_entry(buf: bytes, span: tuple[int, int], wanted=None) -> tuple[str, An
     return text, (_attr_def(buf, value_span) if value_span is not None else None)
 
 
-_DESC_ATTRS = frozenset({b"format", b"origin_format", b"origin_shape"})
+_DESC_ATTRS = frozenset({b"format", b"origin_format", b"origin_shape", ORIGIN_NAME_ATTR.encode(),
+                         ORIGIN_INDEX_ATTR.encode()})
 _OP_ATTRS = frozenset(k.encode() for k in (*_KEEP_OP_ATTRS, ENGINE_ATTR))
 
 
@@ -479,6 +507,7 @@ def _tensor_desc(buf: bytes, span: tuple[int, int]) -> _Desc:
 class _Op:
     name: str = ""
     type: str = ""
+    id: int | None = None
     attrs: dict[str, Any] = field(default_factory=dict)
     input_desc: list[_Desc] = field(default_factory=list)
     output_desc: list[_Desc] = field(default_factory=list)
@@ -507,6 +536,9 @@ def _op_def(buf: bytes, span: tuple[int, int], all_descs: bool) -> _Op:
         elif num == 5:
             _expect(num, wt, 2, "OpDef.input")
             op.input_spans.append(v)
+        elif num == 21:
+            _expect(num, wt, 0, "OpDef.id")
+            op.id = _signed64(v)
         elif num == 10:
             _expect(num, wt, 2, "OpDef.attr")
             k, val = _attr_entry(buf, v, _op_attr_wanted)
@@ -619,14 +651,35 @@ def _int_list(v: Any) -> list[int] | None:
     return None
 
 
-def _om_op(op: _Op, graph: str, engine: str | None) -> OmOp:
+def _origin(d: _Desc, position: int) -> OmOrigin | None:
+    """The original tensor an output descriptor names, or None (attribute absent or unusable)."""
+    name = d.attrs.get(ORIGIN_NAME_ATTR)
+    if not isinstance(name, str) or not name:
+        return None
+    index = d.attrs.get(ORIGIN_INDEX_ATTR, position)
+    if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index <= MAX_ORIGIN_INDEX:
+        index = position
+    return OmOrigin(name, index)
+
+
+def _original_names(value: Any) -> list[str] | None:
+    if value is None:
+        return None
+    if isinstance(value, list) and all(isinstance(x, str) for x in value):
+        return list(value)
+    return []   # present but not a list of names: treat as "no original node", never guess
+
+
+def _om_op(op: _Op, graph: str, engine: str | None, buf: bytes) -> OmOp:
     return OmOp(name=op.name, type=op.type, graph=graph, engine=engine,
                 input_formats=[_desc_format(d)[0] for d in op.input_desc],
                 output_formats=[_desc_format(d)[0] for d in op.output_desc],
                 input_shapes=[list(d.shape) for d in op.input_desc],
                 output_shapes=[list(d.shape) for d in op.output_desc],
                 attrs={k: (format_text(v) if k in ("src_format", "dst_format") else v)
-                       for k, v in op.attrs.items() if k in _KEEP_OP_ATTRS})
+                       for k, v in op.attrs.items() if k in _KEEP_OP_ATTRS},
+                inputs=op.inputs(buf), original_names=_original_names(op.attrs.get(ORIGINAL_NAMES_ATTR)),
+                output_origins=[_origin(d, i) for i, d in enumerate(op.output_desc)], id=op.id)
 
 
 def _summarise(buf: bytes, span: tuple[int, int], keep_ops: bool = False) -> OmModelDef:
@@ -687,7 +740,7 @@ def _summarise(buf: bytes, span: tuple[int, int], keep_ops: bool = False) -> OmM
             engine = engine if isinstance(engine, str) and engine else None
             engines[engine or "(not recorded)"] += 1
             if op.type in LAYOUT_OPS or all_ops is not None:
-                brief = _om_op(op, gname, engine)
+                brief = _om_op(op, gname, engine, buf)
                 if op.type in LAYOUT_OPS:
                     layout_ops.append(brief)
                 if all_ops is not None:
@@ -775,7 +828,8 @@ def read_om(path: str | os.PathLike, *, keep_ops: bool = False) -> OmModel:
     Raises :class:`OmError` (one line, exit 2) for anything that is not a well-formed ATC ``.om``:
     wrong magic, truncation, a table pointing outside the file, absurd counts, malformed protobuf.
     Encrypted files and foreign containers (PICO, OM2 zip) come back with ``variant`` set and
-    nothing decoded. ``keep_ops=True`` also lists every op with its formats (``models[i].ops``).
+    nothing decoded. ``keep_ops=True`` also lists every op with its formats, input edges and ATC's
+    fusion mapping (``models[i].ops``; used by ``converters.against``).
 
     >>> om = read_om("model.om")                                  # doctest: +SKIP
     >>> om.header.version_text, [p.type_name for p in om.partitions][:2]   # doctest: +SKIP

@@ -97,6 +97,9 @@ class LoadedModel:
     # tensors whose shapes depend on input values (absent from ``shapes``; the plan keeps them in ND
     # and leaves them out of the memory plan)
     data_dependent: list[str] = dataclasses.field(default_factory=list)
+    # values inside the graph that are not tensors (sequences, optionals): value name -> kind
+    # ("sequence", "optional", "map"); they have no shape, and ``dtypes`` gives their element type
+    non_tensors: dict[str, str] = dataclasses.field(default_factory=dict)
 
     @property
     def graph(self) -> onnx.GraphProto:
@@ -213,8 +216,13 @@ def load_model(path: str | os.PathLike, *, input_shapes: Mapping[str, Sequence[i
         try:
             _full_check(model, p, inlined)
         except onnx.checker.ValidationError as e:
-            raise ModelError(f"{p}: invalid ONNX model: {_first_line(e)}",
-                             hint="fix the export (onnx.checker rejects it)") from None
+            # onnx.checker is stricter than the runtimes (e.g. a graph output type without `shape`):
+            # a model onnxruntime loads is converted, with a warning; otherwise it is refused
+            if not _onnxruntime_loads(p):
+                raise ModelError(f"{p}: invalid ONNX model: {_first_line(e)}",
+                                 hint="fix the export (onnx.checker rejects it)") from None
+            warnings.append(f"onnx.checker rejects the model ({_first_line(e)[:160]}), but onnxruntime loads "
+                            f"it: converted anyway; fix the export to be safe with other tools")
         except Exception as e:  # shape-inference errors raised by full_check
             ops = _standard_body_failures(model, e)
             if not ops:
@@ -283,11 +291,17 @@ def load_model(path: str | os.PathLike, *, input_shapes: Mapping[str, Sequence[i
         raise ModelError(f"{p}: shape inference failed with the given input shapes: {_first_line(e)}",
                          hint="check --input-shape values") from None
 
+    itemsize = {i.name: _np_dtype(i.type.tensor_type.elem_type).itemsize for i in graph_inputs}
+    for gear in gears or [fixed]:  # before anything is sized or run at these shapes
+        for name, shape in gear.items():
+            _check_size(p, f"input {name!r}" + (f" at gear {dict(gear)}" if gears else ""), shape, itemsize[name])
     largest = max(gears, key=lambda g: sum(int(np.prod(s)) for s in g.values())) if gears else fixed
     for gear in gears:  # the largest is inferred below (_all_shapes); every other gear must infer too
         if gear is not largest:
             _check_gear(inferred, p, gear)
-    shapes, dtypes, unknown, why = _all_shapes(inferred, p, largest)
+    shapes, dtypes, unknown, why, non_tensors = _all_shapes(inferred, p, largest, warnings)
+    for name, shape in shapes.items():
+        _check_size(p, f"tensor {name!r}", shape, np.dtype(dtypes.get(name, np.uint8)).itemsize)
     if unknown:
         warnings.append(f"{len(unknown)} tensor(s) have data-dependent shapes (e.g. {unknown[0]!r}; {why}): "
                         f"kept in ND, memory not planned for them (sized at run time, as ATC's dynamic shape "
@@ -299,7 +313,39 @@ def load_model(path: str | os.PathLike, *, input_shapes: Mapping[str, Sequence[i
         s, names = _vi_shape(o)
         outputs.append(TensorInfo(o.name, _np_dtype(o.type.tensor_type.elem_type), s, names))
     return LoadedModel(inferred, p, inputs, outputs, opset, gears, mode, shapes, dtypes, constants,
-                       opsets=_opsets(model), warnings=warnings, data_dependent=unknown)
+                       opsets=_opsets(model), warnings=warnings, data_dependent=unknown,
+                       non_tensors=non_tensors)
+
+
+# No Ascend device holds a tensor larger than its memory (64 GiB HBM on a 910B; 128 GiB bounds every
+# device): such a shape is the model's (or the user's) mistake, refused at load, not a crash at run time.
+MAX_TENSOR_BYTES = 1 << 37
+
+
+def _check_size(p: Path, what: str, shape: Sequence[int], itemsize: int) -> None:
+    n = 1
+    for d in shape:
+        n *= max(int(d), 1)
+        if n * max(itemsize, 1) > MAX_TENSOR_BYTES:
+            dims = ",".join(str(int(d)) for d in shape)
+            raise ModelError(f"{p.name}: {what} has shape [{dims}], over {MAX_TENSOR_BYTES >> 30} GiB: more "
+                             f"than any Ascend device's memory", hint="check the model's dimensions and --input-shape")
+
+
+def _onnxruntime_loads(p: Path) -> bool:
+    """Whether onnxruntime accepts the model file (graph optimisations off: only loading is tested)."""
+    try:
+        import onnxruntime as ort
+    except ImportError:
+        return False
+    opts = ort.SessionOptions()
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    opts.log_severity_level = 4
+    try:
+        ort.InferenceSession(str(p), opts, providers=["CPUExecutionProvider"])
+    except Exception:
+        return False
+    return True
 
 
 _TAG = "__npu_deploy_check_"
@@ -411,16 +457,22 @@ def _infer_shapes(model: onnx.ModelProto, warnings: list[str]) -> onnx.ModelProt
         return onnx.shape_inference.infer_shapes(model, strict_mode=False, data_prop=True)
 
 
-def _name_nodes(graph: onnx.GraphProto) -> None:
-    """Give every node a unique name (``<op_type>_<index>`` for unnamed ones): reports and the bundle
-    manifest key nodes by name. Names carry no semantics in ONNX."""
-    seen: set[str] = set()
+def _name_nodes(graph: onnx.GraphProto, seen: set[str] | None = None) -> None:
+    """Give every node a unique name (``<op_type>_<index>`` for unnamed ones), unique across the
+    whole model, If/Loop/Scan bodies included: reports and the bundle manifest key nodes by name.
+    Names carry no semantics in ONNX. Top-level nodes are named first, so theirs never change
+    because of a body."""
+    seen = set() if seen is None else seen
     for k, n in enumerate(graph.node):
         name = n.name or f"{n.op_type}_{k}"
         while name in seen:
             name = f"{name}_{k}"
         n.name = name
         seen.add(name)
+    for n in graph.node:
+        for a in n.attribute:
+            for g in ([a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs)):
+                _name_nodes(g, seen)
 
 
 def _first_line(e: BaseException) -> str:
@@ -678,10 +730,11 @@ def _concrete(vi: onnx.ValueInfoProto) -> Shape | None:
     return tuple(dims)
 
 
-def _all_shapes(model: onnx.ModelProto, p: Path, gear: Mapping[str, Shape]
-                ) -> tuple[dict[str, Shape], dict[str, np.dtype], list[str], str | None]:
+def _all_shapes(model: onnx.ModelProto, p: Path, gear: Mapping[str, Shape], warnings: list[str] | None = None
+                ) -> tuple[dict[str, Shape], dict[str, np.dtype], list[str], str | None, dict[str, str]]:
     """Every tensor's concrete shape and dtype at ``gear`` (ONNX inference, then onnxruntime), the
-    tensors whose shapes depend on input values (left out of the shapes) and why."""
+    tensors whose shapes depend on input values (left out of the shapes) and why, and the values
+    that are not tensors (name -> kind)."""
     init_names = {t.name for t in model.graph.initializer}
     if all(gear.get(i.name) == _concrete(i) for i in model.graph.input if i.name not in init_names):
         m = model  # already inferred at these shapes
@@ -698,7 +751,15 @@ def _all_shapes(model: onnx.ModelProto, p: Path, gear: Mapping[str, Shape]
                              hint="check --input-shape / gear values") from None
     shapes: dict[str, Shape] = {}
     dtypes: dict[str, np.dtype] = {}
+    # values that are not tensors (sequences, optionals, maps inside the graph): no shape to find
+    others = {vi.name for vi in [*m.graph.value_info, *m.graph.output]
+              if vi.type.WhichOneof("value") not in (None, "tensor_type")}
     for vi in [*m.graph.input, *m.graph.value_info, *m.graph.output]:
+        if vi.name in others:
+            elem = _element_type(vi.type)
+            if elem:
+                dtypes[vi.name] = _np_dtype(elem)
+            continue
         dt = vi.type.tensor_type.elem_type
         if dt:
             dtypes[vi.name] = _np_dtype(dt)
@@ -714,16 +775,83 @@ def _all_shapes(model: onnx.ModelProto, p: Path, gear: Mapping[str, Shape]
                 if a.type == onnx.AttributeProto.TENSOR:
                     shapes[n.output[0]] = tuple(int(d) for d in a.t.dims)
                     dtypes[n.output[0]] = _np_dtype(a.t.data_type)
-    missing = [o for n in m.graph.node for o in n.output if o and (o not in shapes or o not in dtypes)]
+    # inside If/Loop/Scan bodies: what inference found there (the planner plans bodies too)
+    for body in _bodies(m.graph):
+        sub_others = {vi.name for vi in [*body.value_info, *body.output]
+                      if vi.type.WhichOneof("value") not in (None, "tensor_type")}
+        others |= sub_others
+        for vi in [*body.input, *body.value_info, *body.output]:
+            if vi.name in sub_others:
+                continue
+            if vi.type.tensor_type.elem_type:
+                dtypes.setdefault(vi.name, _np_dtype(vi.type.tensor_type.elem_type))
+            s = _concrete(vi)
+            if s is not None:
+                shapes.setdefault(vi.name, s)
+        for t in body.initializer:
+            shapes.setdefault(t.name, tuple(int(d) for d in t.dims))
+            dtypes.setdefault(t.name, _np_dtype(t.data_type))
+        for n in body.node:
+            if n.op_type == "Constant" and n.attribute and n.attribute[0].type == onnx.AttributeProto.TENSOR:
+                shapes.setdefault(n.output[0], tuple(int(d) for d in n.attribute[0].t.dims))
+                dtypes.setdefault(n.output[0], _np_dtype(n.attribute[0].t.data_type))
+    missing = [o for n in m.graph.node for o in n.output
+               if o and o not in others and (o not in shapes or o not in dtypes)]
+    branch_missing: dict[tuple[str, str], list[str]] = {}
+    ifs = [n for n in m.graph.node if n.op_type == "If" and n.input and _value_dependent(m.graph, n.input[0])]
+    for n in ifs[:_MAX_BRANCH_RUNS]:
+        for a in n.attribute:
+            if a.type == onnx.AttributeProto.GRAPH:
+                branch_missing[(n.name, a.name)] = [o for b in a.g.node for o in b.output
+                                                    if o and o not in others and o not in shapes]
     unknown: list[str] = []
-    why = _shapes_by_running(model, p, gear, missing, shapes, dtypes) if missing else None
+    why = None
+    if missing or any(branch_missing.values()):
+        why = _shapes_by_running(model, p, gear, missing, shapes, dtypes, branch_missing, warnings)
     if why is not None:
         unknown = [o for o in missing if o not in shapes]
-    return shapes, dtypes, unknown, why
+    # body tensors nothing could size (Loop/Scan bodies, branches that cannot run here): sized at run
+    # time, like data-dependent ones
+    in_bodies = [o for body in _bodies(m.graph) for n in body.node for o in n.output
+                 if o and o not in others and o not in shapes]
+    if in_bodies and why is None:
+        why = "inside If/Loop/Scan bodies that no run could size at these input shapes"
+    unknown += in_bodies
+    kinds = {vi.name: vi.type.WhichOneof("value").replace("_type", "")
+             for g in [m.graph, *_bodies(m.graph)] for vi in [*g.value_info, *g.output] if vi.name in others}
+    return shapes, dtypes, unknown, why, kinds
+
+
+def _bodies(graph: onnx.GraphProto) -> list[onnx.GraphProto]:
+    """Every If/Loop/Scan body below ``graph``, nested ones included."""
+    out: list[onnx.GraphProto] = []
+    for n in graph.node:
+        for a in n.attribute:
+            subs = [a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs)
+            for g in subs:
+                out.append(g)
+                out.extend(_bodies(g))
+    return out
+
+
+def _element_type(t: onnx.TypeProto) -> int:
+    """The tensor element type inside a sequence/optional type (0 when unknown)."""
+    while True:
+        which = t.WhichOneof("value")
+        if which == "tensor_type":
+            return int(t.tensor_type.elem_type)
+        if which == "sequence_type":
+            t = t.sequence_type.elem_type
+        elif which == "optional_type":
+            t = t.optional_type.elem_type
+        else:
+            return 0
 
 
 def _shapes_by_running(model: onnx.ModelProto, p: Path, gear: Mapping[str, Shape], missing: list[str],
-                       shapes: dict[str, Shape], dtypes: dict[str, np.dtype]) -> str | None:
+                       shapes: dict[str, Shape], dtypes: dict[str, np.dtype],
+                       branch_missing: Mapping[tuple[str, str], list[str]] | None = None,
+                       warnings: list[str] | None = None) -> str | None:
     """Shapes ONNX inference leaves open (Shape → Gather → Reshape chains): run the model on zeros,
     then on ones, and keep the shapes both runs agree on.
 
@@ -731,7 +859,50 @@ def _shapes_by_running(model: onnx.ModelProto, p: Path, gear: Mapping[str, Shape
     is not a property of the model: when a run fails (zeros or ones are not valid there) or the two
     runs disagree, those tensors stay out of ``shapes`` and the reason is returned (``None`` when every
     missing shape was found). Their dtypes are kept. Two agreeing runs are evidence, not proof; the
-    emulator and ATC's dynamic mode size such tensors at run time either way."""
+    emulator and ATC's dynamic mode size such tensors at run time either way.
+
+    An ``If`` whose condition depends on input values (silero-vad's ``sr``) takes on zeros whichever
+    branch zeros select, which says nothing of the other. So each branch of such an ``If`` is also run
+    on its own (inlined in place of the ``If``; ``branch_missing``: (If node, branch attribute) → the
+    branch's own tensors to find). A tensor after the ``If`` keeps a shape only when every run that
+    could execute agrees on it; a branch that cannot run at these shapes is named in ``warnings``."""
+    base = _run_shapes(model, p, gear, missing, must_load=True)
+    runs = [base]
+    branch_missing = dict(branch_missing or {})
+    for (node_name, branch), own in branch_missing.items():
+        variant = _inline_branch(model, node_name, branch)
+        got = _run_shapes(variant, p, gear, missing + own) if variant is not None else ({}, {}, "not inlinable")
+        runs.append(got)
+        if not got[0] and got[2] and warnings is not None:
+            warnings.append(f"If {node_name}: its {branch} cannot run at input shapes {dict(gear)} ({got[2]}): "
+                            f"its tensors are sized at run time; "
+                            f"shapes after the If come from the runs that could")
+        for name in own:  # the branch's own tensors: only this run sees them
+            if name in got[0] and name not in shapes:
+                shapes[name] = got[0][name]
+            if name in got[1]:
+                dtypes.setdefault(name, got[1][name])
+    why = None
+    for name in missing:
+        seen = {r[0][name] for r in runs if name in r[0]}
+        for r in runs:
+            if name in r[1]:
+                dtypes[name] = r[1][name]
+                break
+        if len(seen) == 1:
+            shapes[name] = seen.pop()
+        elif seen:
+            why = why or "the branches of an If on input values give different shapes"
+        else:
+            why = why or next((r[2] for r in runs if r[2]), "runs on zeros and on ones give different shapes")
+    return why
+
+
+def _run_shapes(model: onnx.ModelProto, p: Path, gear: Mapping[str, Shape], wanted: list[str], *,
+                must_load: bool = False) -> tuple[dict[str, Shape], dict[str, np.dtype], str | None]:
+    """Run ``model`` on zeros and on ones with ``wanted`` as extra outputs: (the shapes both runs agree
+    on, dtypes seen, why some were not found or None). A model onnxruntime cannot load is a
+    ``ModelError`` when ``must_load``, else a failed run."""
     import onnxruntime as ort
 
     m = onnx.ModelProto()
@@ -739,9 +910,10 @@ def _shapes_by_running(model: onnx.ModelProto, p: Path, gear: Mapping[str, Shape
     if any(t.data_location == onnx.TensorProto.EXTERNAL for t in m.graph.initializer):
         onnx.external_data_helper.load_external_data_for_model(m, str(p.parent))
     have = {o.name for o in m.graph.output}
-    for name in missing:
+    for name in wanted:
         if name not in have:
             m.graph.output.append(onnx.ValueInfoProto(name=name))
+            have.add(name)
     init_names = {t.name for t in m.graph.initializer}
     specs = {i.name: (gear[i.name], _np_dtype(i.type.tensor_type.elem_type))
              for i in m.graph.input if i.name not in init_names}
@@ -752,35 +924,86 @@ def _shapes_by_running(model: onnx.ModelProto, p: Path, gear: Mapping[str, Shape
         sess = ort.InferenceSession(m.SerializeToString(), opts, providers=["CPUExecutionProvider"])
         names = [o.name for o in sess.get_outputs()]
     except Exception as e:
-        raise ModelError(f"{p}: cannot determine the shapes of {len(missing)} tensors (e.g. {missing[0]!r}) "
+        if not must_load:
+            return {}, {}, f"onnxruntime cannot load it: {_first_line(e)[:100]}"
+        raise ModelError(f"{p}: cannot determine the shapes of {len(wanted)} tensors (e.g. {wanted[0]!r}) "
                          f"at input shapes {dict(gear)}: {_first_line(e)}",
                          hint="check --input-shape values") from None
     runs = []
+    why = None
     for fill in (np.zeros, np.ones):
         try:
             runs.append(sess.run(names, {k: fill(s, dtype=dt) for k, (s, dt) in specs.items()}))
         except Exception as e:
             text = _first_line(e).split("Status Message:")[-1].strip()
-            why = f"the run on {fill.__name__} fails: {text[:100]}"
+            why = f"the run on {fill.__name__} fails: {text[:160]}"
             if not runs:
-                return why
+                return {}, {}, why
             break
-    else:
-        why = None
-    wanted = set(missing)
-    differ = []
+    want = set(wanted)
+    found: dict[str, Shape] = {}
+    dts: dict[str, np.dtype] = {}
     for k, name in enumerate(names):
-        if name not in wanted and name in shapes:
-            continue
-        v0 = np.asarray(runs[0][k])
-        dtypes[name] = v0.dtype
-        if len(runs) == 2 and np.shape(runs[1][k]) == v0.shape:
-            shapes[name] = tuple(int(d) for d in v0.shape)
+        if name not in want or not isinstance(runs[0][k], np.ndarray):
+            continue  # not asked for, or a sequence/optional value: not a tensor, it has no shape
+        v0 = runs[0][k]
+        dts[name] = v0.dtype
+        if len(runs) == 2 and isinstance(runs[1][k], np.ndarray) and runs[1][k].shape == v0.shape:
+            found[name] = tuple(int(d) for d in v0.shape)
+        elif why is None:
+            why = "runs on zeros and on ones give different shapes"
+    return found, dts, why
+
+
+def _inline_branch(model: onnx.ModelProto, node_name: str, branch: str) -> onnx.ModelProto | None:
+    """A copy of ``model`` with the top-level ``If`` ``node_name`` replaced by its ``branch`` body
+    (then its outputs copied to the If's by Identity nodes). Names are unique model-wide (ONNX's SSA
+    rule), so the body's nodes read outer tensors as they are."""
+    m = onnx.ModelProto()
+    m.CopyFrom(model)
+    nodes: list[onnx.NodeProto] = []
+    found = False
+    for n in m.graph.node:
+        if n.name == node_name and n.op_type == "If":
+            body = next((a.g for a in n.attribute if a.name == branch and a.type == onnx.AttributeProto.GRAPH), None)
+            if body is None or len(body.output) != len(n.output):
+                return None
+            nodes.extend(body.node)
+            nodes.extend(helper.make_node("Identity", [b.name], [o], name=f"{node_name}__{branch}__out{k}")
+                         for k, (b, o) in enumerate(zip(body.output, n.output)) if o)
+            m.graph.initializer.extend(body.initializer)
+            m.graph.value_info.extend(body.value_info)
+            found = True
         else:
-            differ.append(name)
-    if not differ:
+            nodes.append(n)
+    if not found:
         return None
-    return why or "runs on zeros and on ones give different shapes"
+    del m.graph.node[:]
+    m.graph.node.extend(nodes)
+    return m
+
+
+def _value_dependent(graph: onnx.GraphProto, name: str) -> bool:
+    """Whether tensor ``name`` of ``graph`` depends on graph input *values* (not only on shapes)."""
+    producer = {o: n for n in graph.node for o in n.output if o}
+    inputs = {i.name for i in graph.input} - {t.name for t in graph.initializer}
+    todo, seen = [name], set()
+    while todo:
+        t = todo.pop()
+        if t in seen:
+            continue
+        seen.add(t)
+        if t in inputs:
+            return True
+        n = producer.get(t)
+        if n is None or n.op_type in ("Shape", "Size", "Constant"):
+            continue  # an initializer, an outer value, or a value computed from shapes only
+        todo.extend(i for i in n.input if i)
+    return False
+
+
+# At most this many value-dependent top-level If nodes get one run per branch (each is a full run).
+_MAX_BRANCH_RUNS = 8
 
 
 def _constants(model: onnx.ModelProto) -> dict[str, ConstantRef]:

@@ -9,9 +9,13 @@ anything):
    FRACTAL_NZ; Reshape/Transpose/Gather/…: ND); format-agnostic ops start in ND. The TransData this
    leaves (one per edge whose formats differ, none shared) is the **naive plan**.
 2. :class:`PropagateFormats` — format-agnostic ops (elementwise, activations, Softmax/LayerNorm over
-   the last axis, views that keep the blocked axes) take their producer's format where the
-   broadcasting/axis check allows (FRACTAL_NZ: other operands (M, N), (1, N) or scalar; an activation
-   operand not in NZ gets its own small TransData, and step 3 moves the node back if that does not pay).
+   the last axis, spatial Reduce* in NC1HWC0, channel Concat in NC1HWC0 whatever the channel counts,
+   views that keep the blocked axes) take their producer's format where the broadcasting/axis check
+   allows (FRACTAL_NZ: other operands (M, N), (1, N) or scalar; an activation operand not in NZ gets
+   its own small TransData, and step 3 moves the node back if that does not pay). Views are checked
+   in pairs where a pair is what the device runs: an attention head split (Reshape [.., S, H*D] ->
+   [.., S, H, D] + Transpose), K^T read by BatchMatMul as ``adj_x2`` and the head merge stay in
+   FRACTAL_NZ when the head size D is a multiple of 16 (:func:`head_pair`).
 3. :class:`CancelRoundTrips` — rules (pattern, check, rewrite) that remove X→Y→X pairs around a
    flexible node, or around a chain of them (:data:`CANCEL_RULES`), by moving it to the other format
    when that removes conversions (or, at equal count, bytes); a failed check's reason is kept and
@@ -21,7 +25,17 @@ anything):
    has formats; after TransData every edge's producer and consumer formats agree; no cancellable pair
    left).
 
-Then: weight pre-packing (constants at Conv/MatMul weight slots are stored in their device format),
+If/Loop/Scan bodies are then planned the same way, each as a graph of its own (:func:`plan_bodies`):
+outer tensors enter a body as they are stored outside, body inputs and outputs are ND; body nodes
+and tensors appear in the plan under their names (unique model-wide, ``onnx_model`` sees to it).
+
+The plan is literal (:func:`verify_plan`): a tensor is stored in its producer's output format, every
+consumer slot reads exactly that unless one planned TransData on that edge converts it, constants
+are read in the format they are packed in (ND when not packed), graph outputs leave plain.
+
+Then: weight pre-packing (constants at Conv/MatMul weight slots are stored in their device format, and
+constant operands of elementwise ops and Concat running blocked are packed in that format: converted
+once at compile time, never by a runtime TransData),
 precision (``force_fp16`` casts float32 compute to float16, ``must_keep_origin_dtype`` keeps it,
 ``allow_mix_precision`` keeps :data:`MIX_PRECISION_FP32_OPS` and ``keep_dtype`` nodes in float32; C0
 follows the device dtype), the memory plan (``converters.memory``) and the cost estimate
@@ -69,6 +83,7 @@ import onnx
 from onnx import helper
 
 from npu_deploy._result import Result
+from npu_deploy.converters import fusion
 from npu_deploy.errors import InputError, InternalError
 
 ND = "ND"
@@ -107,10 +122,13 @@ class FormatRule:
 
     ``kind``: ``"5hd"`` (activations in NC1HWC0 — NDC1HWC0 for 5-D — weight slot in FRACTAL_Z),
     ``"matmul"`` (operands and result in FRACTAL_NZ; constant B pre-packed), ``"concat"`` (a producer's
-    blocked format unless it joins along a padded axis with unaligned sizes), ``"follow"`` (format-
-    agnostic: takes its producer's format where broadcasting allows), ``"lastaxis"`` (ND, or
+    blocked format: NC1HWC0 along C for any sizes, FRACTAL_NZ unless it joins a blocked axis with
+    unaligned sizes; constant inputs packed at compile time), ``"follow"`` (format-
+    agnostic: takes its producer's format where broadcasting allows), ``"reduce"`` (ND, or its
+    producer's blocked format when the reduced axes leave the blocked ones whole), ``"lastaxis"`` (ND, or
     FRACTAL_NZ when it normalises over the last axis of an NZ input), ``"view"`` (ND, or the input's
-    blocked format when the blocked axes are untouched), ``"nd"`` (ND only).
+    blocked format when the blocked axes are untouched or the view is half of an attention head
+    split/merge pair, :func:`head_pair`), ``"nd"`` (ND only).
     """
 
     kind: str
@@ -120,6 +138,8 @@ class FormatRule:
 
 
 _5HD_NOTE = "its AI Core kernel reads activations in NC1HWC0"
+_REDUCE_NOTE = ("{}: in NC1HWC0 (NDC1HWC0) when it reduces spatial axes only, in FRACTAL_NZ when it reduces "
+                "outer axes only, keeping dims; other reductions run in ND")
 FORMAT_RULES: dict[str, FormatRule] = {
     "Conv": FormatRule("5hd", (0,), 1, "Conv2D/Conv3D: NC1HWC0 (NDC1HWC0) activations, FRACTAL_Z weight"),
     "ConvTranspose": FormatRule("5hd", (0,), 1, "Conv2DTranspose: NC1HWC0 activations, FRACTAL_Z weight"),
@@ -141,14 +161,20 @@ FORMAT_RULES: dict[str, FormatRule] = {
     "LogSoftmax": FormatRule("lastaxis", note="LogSoftmaxV2 has a FRACTAL_NZ kernel for axis = last (-1 or "
                                               "rank-1); other axes run in ND"),
     "LayerNormalization": FormatRule("lastaxis", note="LayerNorm takes FRACTAL_NZ only over the last axis"),
+    "ReduceMean": FormatRule("reduce", note=_REDUCE_NOTE.format("ReduceMeanD")),
+    "ReduceSum": FormatRule("reduce", note=_REDUCE_NOTE.format("ReduceSumD")),
+    "ReduceMax": FormatRule("reduce", note=_REDUCE_NOTE.format("ReduceMaxD")),
+    "ReduceMin": FormatRule("reduce", note=_REDUCE_NOTE.format("ReduceMinD")),
     "Reshape": FormatRule("view", note="Reshape keeps a blocked format only if the blocked axes are unchanged"),
     "Squeeze": FormatRule("view", note="Squeeze keeps a blocked format only if the blocked axes are unchanged"),
     "Unsqueeze": FormatRule("view", note="Unsqueeze keeps a blocked format only if the blocked axes are unchanged"),
     "Flatten": FormatRule("view", note="Flatten keeps a blocked format only if the blocked axes are unchanged"),
     "Transpose": FormatRule("view", note="Transpose keeps FRACTAL_NZ only if it leaves the last two axes alone"),
     "Identity": FormatRule("view", note="Identity keeps any format"),
-    "Concat": FormatRule("concat", note="ConcatD keeps a blocked format unless it joins along a padded "
-                                        "(blocked) axis whose sizes are not multiples of the block"),
+    "Concat": FormatRule("concat", note="ConcatD keeps its producers' blocked format (NC1HWC0 along C "
+                                        "whatever the channel counts; FRACTAL_NZ unless it joins along a "
+                                        "blocked axis with sizes not multiples of the block); constant "
+                                        "inputs are packed at compile time"),
     "Dropout": FormatRule("view", note="Dropout (inference) keeps any format"),
 }
 _FOLLOW_OPS = {
@@ -317,7 +343,7 @@ class PlanState:
     """What the passes read and write: nodes with their current format, tensors, shapes, consumers."""
 
     def __init__(self, loaded, support, *, precision_mode: str, keep_dtype: Sequence[str],
-                 enable_small_channel: bool, input_format: str | None):
+                 enable_small_channel: bool, input_format: str | None, outer_const: Iterable[str] = ()):
         from npu_deploy.converters.support import AI_CPU, BUILTIN, constant_tensors
 
         self.loaded = loaded
@@ -331,7 +357,9 @@ class PlanState:
         # graph inputs the host feeds in a channels-last layout (NHWC/NDHWC): produced in that layout
         self.host_formats: dict[str, str] = {k: v for k, v in formats_by_input.items() if v in HOST_LAYOUTS}
         static = {} if loaded.gears else dict(loaded.shapes)
-        self.const = constant_tensors(self.graph, static)
+        self.const = constant_tensors(self.graph, static) | set(outer_const)
+        self.bodies: list[Body] = []  # the planned If/Loop/Scan bodies of this graph's nodes
+        self.non_tensors = dict(getattr(loaded, "non_tensors", {}))
         self.graph_inputs = [i.name for i in loaded.inputs]
         self.graph_outputs = [o.name for o in self.graph.output]
         self.producer: dict[str, tuple[int, int]] = {}
@@ -391,7 +419,8 @@ class PlanState:
 
     # -- tensor helpers --------------------------------------------------------------------------
     def is_activation(self, t: str) -> bool:
-        return bool(t) and t not in self.const
+        """A runtime tensor (not a constant; not a sequence/optional value, which has no format)."""
+        return bool(t) and t not in self.const and t not in self.non_tensors
 
     def tensor_format(self, t: str) -> str:
         """Format a tensor is produced in (plain for graph inputs and constants)."""
@@ -420,7 +449,7 @@ class PlanState:
                 continue
             if is_plain(fmt):
                 out.append(ND)
-            elif n.rule.kind in ("5hd", "matmul", "lastaxis", "view"):
+            elif n.rule.kind in ("5hd", "matmul", "lastaxis", "view", "reduce"):
                 out.append(fmt if j in n.rule.data_slots else ND)
             elif n.rule.kind == "follow":
                 out.append(fmt if _numel(self.shapes.get(t, ())) != 1 else None)
@@ -635,6 +664,8 @@ def check_format(state: PlanState, n: _Node, fmt: str) -> str | None:
         return _check_broadcast(state, n, fmt, out_shape)
     if kind == "concat":
         return _check_concat(state, n, fmt, out_shape)
+    if kind == "reduce":
+        return _check_reduce(state, n, fmt)
     if kind == "lastaxis":
         if fmt != NZ:
             return f"{n.node.op_type} takes ND or FRACTAL_NZ, not {fmt}"
@@ -660,25 +691,177 @@ def check_format(state: PlanState, n: _Node, fmt: str) -> str | None:
             perm = list(_attr(n.node, "perm", list(range(len(in_shape)))[::-1]))
             r = len(perm)
             if perm[-2:] != [r - 2, r - 1]:
-                return f"Transpose perm {perm} moves the last two axes (the FRACTAL_NZ blocks)"
+                pair = head_pair(state, n)
+                if pair.kind:
+                    return pair.reason
+                return (f"Transpose perm {perm} moves the last two axes (the FRACTAL_NZ blocks), and it is "
+                        f"not half of an attention head split/merge ({pair.reason})")
             return None
         if tuple(in_shape[-2:]) != tuple(out_shape[-2:]):
+            pair = head_pair(state, n) if n.node.op_type == "Reshape" else None
+            if pair is not None and pair.kind:
+                return pair.reason
             return (f"{n.node.op_type} changes the last two axes {tuple(in_shape[-2:])} -> "
-                    f"{tuple(out_shape[-2:])}, which FRACTAL_NZ blocks")
+                    f"{tuple(out_shape[-2:])}, which FRACTAL_NZ blocks"
+                    + (f", and it is not half of an attention head split/merge ({pair.reason})" if pair else ""))
         return None
     return f"{n.node.op_type} needs ND ({n.rule.note})"
 
 
+@dataclasses.dataclass(frozen=True)
+class HeadPair:
+    """What :func:`head_pair` found. ``kind``: ``"split"`` (Reshape [.., S, H*D] -> [.., S, H, D] +
+    Transpose to [.., H, S, D]), ``"split-kt"`` (the same Transpose to K^T [.., H, D, S], read by
+    MatMul as its second operand), ``"merge"`` (Transpose [.., H, S, D] -> [.., S, H, D] + Reshape to
+    [.., S, H*D]), or ``""`` (not such a pair). ``reason``: None when the pair may run in FRACTAL_NZ,
+    else why not (or, for ``""``, which part of the pattern is missing)."""
+
+    kind: str
+    reason: str | None
+    partner: str = ""
+
+
+def _perm(node: onnx.NodeProto, rank: int) -> list[int]:
+    return [int(a) for a in _attr(node, "perm", list(range(rank))[::-1])]
+
+
+def _split_shapes(a: Sequence[int], b: Sequence[int]) -> tuple[int, int] | None:
+    """(H, D) when ``a`` = P + (S, H*D) and ``b`` = P + (S, H, D), else None."""
+    a, b = tuple(a), tuple(b)
+    if len(b) != len(a) + 1 or len(a) < 2 or a[:-1] != b[:-2] or b[-2] * b[-1] != a[-1] or b[-2] < 1:
+        return None
+    return b[-2], b[-1]
+
+
+def _live_consumers(state: PlanState, t: str) -> list[tuple[_Node, int]]:
+    return [(state.nodes[k], j) for k, j in state.consumers.get(t, []) if not state.nodes[k].folded]
+
+
+def _pair_ok(state: PlanState, kind: str, t: str, head_dim: int, partner: _Node) -> HeadPair:
+    block = _c0_for(NZ, state.device_dtype(t))
+    what = {"split": "attention head split", "split-kt": "attention head split to K^T",
+            "merge": "attention head merge"}[kind]
+    if head_dim % block:
+        return HeadPair(kind, f"{what} with {partner.node.name}: head size {head_dim} is not a multiple of "
+                              f"{block}, so FRACTAL_NZ's {block}-column fractals would straddle heads",
+                        partner.node.name)
+    return HeadPair(kind, None, partner.node.name)
+
+
+def head_pair(state: PlanState, n: _Node) -> HeadPair:
+    """Is ``n`` (a Reshape or Transpose) half of an attention head split or merge that FRACTAL_NZ
+    holds as is? With the head size D a multiple of the fractal width, [.., S, H*D] in NZ and its
+    split [.., H, S, D] in NZ have the same bytes (CANN fuses the pair as ConfusionTransposeD); K^T
+    [.., H, D, S] is read by BatchMatMul as a transposed operand (``adj_x2``). The check looks at
+    the pair, never at one node alone: each half alone regroups the fractal axes."""
+    op = n.node.op_type
+    src = n.node.input[0] if n.node.input else ""
+    outs = [o for o in n.node.output if o]
+    if not src or not outs:
+        return HeadPair("", "no data input or output")
+    in_shape, out_shape = tuple(state.shapes.get(src, ())), tuple(state.shapes.get(outs[0], ()))
+    p = len(in_shape) - 3  # leading (batch) axes kept in place
+    if op == "Reshape":
+        hd = _split_shapes(in_shape, out_shape)
+        if hd is not None:
+            cons = _live_consumers(state, outs[0])
+            if not cons or outs[0] in state.graph_outputs:
+                return HeadPair("", "its output is not read by a Transpose only")
+            kinds = set()
+            for c, _ in cons:
+                got = head_pair(state, c) if c.node.op_type == "Transpose" else HeadPair("", "")
+                if not got.kind.startswith("split") or got.partner != n.node.name:
+                    return HeadPair("", f"{c.node.op_type} {c.node.name} after it is not a head transpose")
+                if got.reason is not None:
+                    return got
+                kinds.add(got.kind)
+            return _pair_ok(state, sorted(kinds)[0], src, hd[1], cons[0][0])
+        hd = _split_shapes(out_shape, in_shape)
+        if hd is not None:
+            pr = state.producer.get(src)
+            prod = state.nodes[pr[0]] if pr else None
+            if prod is None or prod.node.op_type != "Transpose":
+                return HeadPair("", "it does not follow a head transpose")
+            got = head_pair(state, prod)
+            if got.kind != "merge":
+                return HeadPair("", f"Transpose {prod.node.name} before it is not a head merge")
+            return HeadPair("merge", got.reason, prod.node.name)
+        return HeadPair("", f"Reshape {in_shape} -> {out_shape} neither splits the last axis into "
+                            f"(heads, head size) nor merges them")
+    if op != "Transpose" or len(in_shape) < 3:
+        return HeadPair("", f"{op} is not a head split/merge transpose")
+    perm = _perm(n.node, len(in_shape))
+    head = list(range(p))  # P + (S, H, D) or P + (H, S, D): the last three axes move
+    pr = state.producer.get(src)
+    prod = state.nodes[pr[0]] if pr else None
+    if perm in (head + [p + 1, p, p + 2], head + [p + 1, p + 2, p]) and prod is not None \
+            and prod.node.op_type == "Reshape" and not prod.folded \
+            and _split_shapes(state.shapes.get(prod.node.input[0], ()), in_shape) is not None \
+            and all(c.node.op_type == "Transpose" for c, _ in _live_consumers(state, src)):
+        kind = "split" if perm[-1] == p + 2 else "split-kt"
+        if kind == "split-kt":
+            readers = _live_consumers(state, outs[0])
+            bad = [c for c, j in readers if c.node.op_type != "MatMul" or j != 1]
+            if not readers or bad or outs[0] in state.graph_outputs:
+                who = bad[0].node.name if bad else "a graph output"
+                return HeadPair(kind, f"K^T split with {prod.node.name}: {who} does not read it as the "
+                                      f"second MatMul operand (BatchMatMul adj_x2)", prod.node.name)
+        return _pair_ok(state, kind, src, in_shape[-1], prod)
+    if perm == head + [p + 1, p, p + 2]:
+        cons = _live_consumers(state, outs[0])
+        if cons and outs[0] not in state.graph_outputs and all(
+                c.node.op_type == "Reshape" and _split_shapes(state.shapes.get(c.node.output[0], ()),
+                                                              out_shape) is not None for c, _ in cons):
+            return _pair_ok(state, "merge", src, in_shape[-1], cons[0][0])
+    return HeadPair("", f"Transpose perm {perm} is not paired with a head Reshape")
+
+
+def _reduce_axes(state: PlanState, n: _Node, rank: int) -> list[int] | None:
+    """The axes a Reduce* node reduces (attribute, or the constant ``axes`` input of newer opsets);
+    None when they are not known at compile time."""
+    axes = _attr(n.node, "axes")
+    if axes is None and len(n.node.input) > 1 and n.node.input[1]:
+        if n.node.input[1] not in state.loaded.constants:
+            return None
+        axes = [int(a) for a in np.asarray(state.loaded.constant_array(n.node.input[1])).reshape(-1)]
+    if axes is None or len(axes) == 0:
+        return [] if int(_attr(n.node, "noop_with_empty_axes", 0)) else list(range(rank))
+    return sorted({int(a) % max(rank, 1) for a in axes})
+
+
+def _check_reduce(state: PlanState, n: _Node, fmt: str) -> str | None:
+    r = state.rank(n.node.input[0]) if n.node.input else 0
+    if not int(_attr(n.node, "keepdims", 1)):
+        return f"{n.node.op_type} with keepdims=0 drops axes, which regroups {fmt}'s blocks"
+    axes = _reduce_axes(state, n, r)
+    if axes is None:
+        return f"{n.node.op_type} axes are computed at run time"
+    if fmt in (NC1HWC0, NDC1HWC0):
+        spatial = set(range(2, r))
+        if r != (5 if fmt == NDC1HWC0 else 4):
+            return f"rank-{r} tensors cannot be held in {fmt}"
+        if not set(axes) <= spatial:
+            return f"{n.node.op_type} reduces axes {axes}, not only the spatial axes {sorted(spatial)} of {fmt}"
+        return None
+    if fmt == NZ:
+        if r < 2 or not set(axes) <= set(range(r - 2)):
+            return (f"{n.node.op_type} reduces axes {axes} of a rank-{r} tensor, which include FRACTAL_NZ's "
+                    f"blocked last two axes")
+        return None
+    return f"{n.node.op_type} does not run in {fmt}"
+
+
 def _check_concat(state: PlanState, n: _Node, fmt: str, out_shape: Sequence[int]) -> str | None:
+    # Constant inputs need no runtime conversion: they are packed into the weight blob in the node's
+    # format at compile time (_plan_weights), as ATC does.
     r = len(out_shape)
     axis = int(_attr(n.node, "axis", 0)) % max(r, 1)
     ins = [t for t in n.node.input if t]
-    if any(not state.is_activation(t) for t in ins):
-        return "a constant input would need its own conversion"
     if fmt in (NC1HWC0, NDC1HWC0):
         if r != (5 if fmt == NDC1HWC0 else 4):
             return f"rank-{r} tensors cannot be held in {fmt}"
-        if axis != 1:
+        if axis != 1 or fmt == NC1HWC0:
+            # ConcatD runs NC1HWC0 along C whatever the channel counts (ATC: 13 + 3 channels in NC1HWC0)
             return None
         block = _c0_for(fmt, state.device_dtype(ins[0]))
     elif fmt == NZ:
@@ -917,8 +1100,12 @@ class CancelRoundTrips(Pass):
                         continue  # an earlier move in this round already changed the group
                     why = rule.check(state, nodes, fmt)
                     if why is not None:
+                        culprit = next(n for n in nodes if check_format(state, n, fmt) is not None)
                         for n in nodes:
-                            state.explanations.setdefault((n.node.name, fmt), why)
+                            state.explanations.setdefault(
+                                (n.node.name, fmt), why if n is culprit else
+                                f"it runs in one chain with {culprit.node.op_type} {culprit.node.name}, "
+                                f"which cannot: {why}")
                         continue
                     changed |= _try_move(state, rule, nodes, fmt, keep=True)
             changed_any |= changed
@@ -983,28 +1170,167 @@ def _reason(state: PlanState, td: TransData, prod: _Node | None, consumers, src:
     return "; ".join(parts)
 
 
-def verify_plan(state: PlanState, transdata: list[TransData]) -> None:
-    """Check the plan's guarantees; raise ``InternalError`` (a bug) when one does not hold."""
-    by_edge: dict[tuple[str, str], str] = {}
+def verify_plan(state: PlanState, transdata: list[TransData], node_formats: dict[str, NodeFormats] | None = None,
+                weights: Sequence[PackedWeight] = ()) -> None:
+    """Check the plan's guarantees; raise ``InternalError`` (a bug) when one does not hold.
+
+    The contract a plan-executing emulator relies on: every tensor is stored in its producer's output
+    format (graph inputs: the host format); every consumer slot reads it in exactly that format unless
+    one planned TransData on (tensor, consumer) converts it to the slot's format; constants are read in
+    their packed format (ND when not packed); graph outputs leave in a plain layout. Checked for every
+    slot of every node (``node_formats``, as written to the manifest) when given, else for the
+    slots that carry a runtime requirement.
+    """
+    by_edge: dict[tuple[str, str], list[TransData]] = {}
     for td in transdata:
-        for c in td.consumers:
-            by_edge[(td.tensor, c)] = td.dst_format
+        if _same(td.src_format, td.dst_format):
+            raise InternalError(f"plan: {td.name} on {td.tensor} converts {td.src_format} to itself")
+        if not _same(td.src_format, display_format(state.tensor_format(td.tensor), state.rank(td.tensor))):
+            raise InternalError(f"plan: {td.name} reads {td.tensor} as {td.src_format}, stored as "
+                                f"{state.tensor_format(td.tensor)}")
+        for c in dict.fromkeys(td.consumers):  # a node reading t at two slots is listed twice
+            by_edge.setdefault((td.tensor, c), []).append(td)
+    if any(len(v) > 1 for v in by_edge.values()):
+        (t, c), _ = next((k, v) for k, v in by_edge.items() if len(v) > 1)
+        raise InternalError(f"plan: edge {t} -> {c} has more than one TransData")
     for n in state.nodes:
         if n.fmt is None:
             raise InternalError(f"plan: node {n.node.name} has no format")
+
+    def arrives(t: str, consumer: str) -> str:
+        tds = by_edge.get((t, consumer))
+        return tds[0].dst_format if tds else display_format(state.tensor_format(t), state.rank(t))
+
     for t in list(state.graph_inputs) + [o for n in state.nodes for o in n.node.output if o]:
         if not state.is_activation(t):
             continue
-        src = state.tensor_format(t)
         for consumer, req in state.needs(t):
-            got = by_edge.get((t, consumer if consumer is not None else "<graph output>"), src)
+            got = arrives(t, consumer if consumer is not None else "<graph output>")
             if not _same(got, req):
                 raise InternalError(f"plan: edge {t} -> {consumer} gets {got} but needs {req}")
+    for o in state.graph_outputs:
+        if state.is_activation(o) and not is_plain(arrives(o, "<graph output>")):
+            raise InternalError(f"plan: graph output {o} leaves in {arrives(o, '<graph output>')}")
+    if node_formats is None:
+        return
+    packed = {w.name: w.format for w in weights}
+    for n in state.nodes:
+        nf = node_formats.get(n.node.name)
+        if nf is None or len(nf.input_formats) != len(n.node.input):
+            raise InternalError(f"plan: node {n.node.name} has no slot formats")
+        if n.folded:
+            continue  # computed at compile time: reads nothing at run time
+        for j, t in enumerate(n.node.input):
+            want = nf.input_formats[j]
+            if not t:
+                continue
+            got = arrives(t, n.node.name) if state.is_activation(t) else packed.get(t, ND)
+            if want is None or not _same(got, want):
+                raise InternalError(f"plan: {n.node.name} reads input {j} ({t}) as {want}, but it arrives "
+                                    f"as {got}")
     # "No cancellable pair left" holds by construction: CancelRoundTrips stops only after a full round
     # of every rule found no improving move (tests check it independently on the TransData list).
 
 
 PIPELINE: tuple[type[Pass], ...] = (AssignPreferredFormats, PropagateFormats, CancelRoundTrips)
+
+
+# ------------------------------------------------------------------------------------------------
+# If / Loop / Scan bodies
+# ------------------------------------------------------------------------------------------------
+
+@dataclasses.dataclass
+class Body:
+    """One planned If/Loop/Scan body: ``owner`` node, the attribute holding it, its own state, its
+    TransData (optimised and naive). Bodies are planned like graphs of their own: an outer tensor
+    they read arrives as it is stored outside (a body op that needs another format has its TransData
+    inside the body, consumer = that op), the body's formal inputs arrive in ND, and its outputs
+    leave in ND (TransData consumer ``<graph output>`` on a body tensor: back to the owner)."""
+
+    owner: str
+    attr: str
+    state: "PlanState"
+    transdata: list[TransData]
+    naive: list[TransData]
+
+
+class _BodyModel:
+    """The part of a ``LoadedModel`` a :class:`PlanState` reads, for one body graph. Shapes and dtypes
+    are the model's (body tensors included: ``onnx_model`` sizes them per branch). Constants inside
+    bodies are read as they are (ND): the weight blob holds the top-level graph's constants only."""
+
+    def __init__(self, loaded, body: onnx.GraphProto, outer: Sequence[str]):
+        import types
+
+        self.model = types.SimpleNamespace(graph=body)
+        self.path = loaded.path
+        self.shapes = loaded.shapes
+        self.dtypes = loaded.dtypes
+        self.gears = loaded.gears
+        self.opset = loaded.opset
+        self.data_dependent = list(getattr(loaded, "data_dependent", ()))
+        self.non_tensors = dict(getattr(loaded, "non_tensors", {}))
+        self.constants: dict = {}
+        self.warnings: list[str] = []
+        names = [i.name for i in body.input] + [t for t in outer if t not in {i.name for i in body.input}]
+        self.inputs = [types.SimpleNamespace(name=t, shape=tuple(loaded.shapes.get(t, ()))) for t in names]
+
+    def constant_array(self, name: str) -> np.ndarray:
+        raise KeyError(name)
+
+
+def _support_below(support, prefix: str):
+    """The op-support entries of one body (``check_graph`` names them ``<owner>/<attr>/<node>``)."""
+    import types
+
+    return types.SimpleNamespace(nodes=[dataclasses.replace(s, name=s.name[len(prefix):]) for s in support.nodes
+                                        if s.name.startswith(prefix)])
+
+
+def plan_bodies(state: PlanState, support, prefix: str = "") -> None:
+    """Plan every If/Loop/Scan body of ``state``'s nodes (nested ones too) into ``state.bodies``."""
+    for n in state.nodes:
+        if n.folded:
+            continue
+        for a in n.node.attribute:
+            if a.type != onnx.AttributeProto.GRAPH:
+                continue  # GRAPHS attributes belong to no standard op
+            body = a.g
+            outer = sorted(_body_reads(body))
+            outer_const = {t for t in outer if t in state.const}
+            sub_prefix = f"{prefix}{n.node.name}/{a.name}/"
+            sub = PlanState(_BodyModel(state.loaded, body, [t for t in outer if t not in outer_const]),
+                            _support_below(support, sub_prefix), precision_mode=state.precision_mode,
+                            keep_dtype=(), enable_small_channel=False, input_format=None,
+                            outer_const=outer_const)
+            # the boundary: an outer tensor enters the body as it is stored outside (no conversion at
+            # the owner); a body op that wants another format gets its TransData inside the body
+            for t in outer:
+                if t not in outer_const and state.is_activation(t):
+                    sub.host_formats[t] = state.tensor_format(t)
+            _assign_dtypes(sub)
+            AssignPreferredFormats().run(sub)
+            naive = insert_transdata(sub, naive=True)
+            for cls in PIPELINE[1:]:
+                cls().run(sub)
+            transdata = insert_transdata(sub, shared=True)
+            verify_plan(sub, transdata, _node_formats(sub, []), [])
+            plan_bodies(sub, support, sub_prefix)
+            state.bodies.append(Body(n.node.name, a.name, sub, transdata, naive))
+
+
+def _body_reads(body: onnx.GraphProto) -> set[str]:
+    """Outer names one body reads (nested bodies included)."""
+    return _graph_reads([body])
+
+
+def all_bodies(state: PlanState) -> list[Body]:
+    """Every planned body below ``state``, depth first."""
+    out: list[Body] = []
+    for b in state.bodies:
+        out.append(b)
+        out.extend(all_bodies(b.state))
+    return out
 
 
 # ------------------------------------------------------------------------------------------------
@@ -1031,6 +1357,26 @@ def _assign_dtypes(state: PlanState) -> None:
             n.dtype = "float16" if (n.node.op_type in CUBE_OPS or n.fp16_only) else "float32"
         else:  # pragma: no cover - validated by plan()
             raise InternalError(f"precision mode {mode}")
+
+
+def _operand_constants(state: PlanState) -> Iterable[tuple[_Node, str, tuple]]:
+    """Constant operands of elementwise ops and Concat running in a blocked format: converted once at
+    compile time into the node's format (a (1, C, 1, 1) scale in NC1HWC0, a bias row in FRACTAL_NZ, a
+    Concat constant), never by a runtime TransData. Scalars are read as they are (ND). A constant of
+    lower rank is packed with the output's rank (leading 1s, as ONNX broadcasting aligns it)."""
+    for n in state.nodes:
+        if n.folded or is_plain(n.fmt) or n.rule.kind not in ("follow", "concat"):
+            continue
+        outs = [o for o in n.node.output if o]
+        r = state.rank(outs[0]) if outs else 0
+        for t in n.node.input:
+            ref = state.loaded.constants.get(t) if t else None
+            if ref is None or ref.dtype.kind != "f" or _numel(ref.shape) == 1 or len(ref.shape) > r:
+                continue
+            aligned = (1,) * (r - len(ref.shape)) + tuple(int(d) for d in ref.shape)
+            dt = np.dtype(np.float16) if n.dtype == "float16" and ref.dtype == np.float32 else ref.dtype
+            fmt = output_format(n.fmt)
+            yield n, t, (fmt, view_shape(fmt, aligned), 1, "ND" if fmt == NZ else None, dt.name)
 
 
 def _plan_weights(state: PlanState) -> list[PackedWeight]:
@@ -1071,6 +1417,8 @@ def _plan_weights(state: PlanState) -> list[PackedWeight]:
                 continue
         dt = np.dtype(np.float16) if n.dtype == "float16" and ref.dtype == np.float32 else ref.dtype
         wanted.setdefault(t, []).append((n, spec + (dt.name,)))
+    for n, t, spec in _operand_constants(state):
+        wanted.setdefault(t, []).append((n, spec))
     out = []
     for t, uses in wanted.items():
         specs = {s for _, s in uses}
@@ -1121,6 +1469,8 @@ class PlanReport(Result):
     memory: dict
     cost: dict | None
     notes: list = dataclasses.field(default_factory=list)
+    # where this plan is known to differ from what ATC builds, each with how to check it on a real .om
+    atc_differences: list = dataclasses.field(default_factory=list)
 
     def formattrans_share(self) -> float | None:
         """Estimated share of device time spent in TransData (0..1), or None without a cost profile."""
@@ -1190,6 +1540,54 @@ def _mb(n: int) -> str:
 
 
 @dataclasses.dataclass
+class TensorPlan:
+    """One tensor's decision: its device ``format`` (the reporting name: NCHW/NCDHW for plain 4-/5-D),
+    device ``dtype``, logical ``shape`` (the largest gear; -1 for data-dependent dims), the
+    ``storage_shape`` its buffer has (C padded to C0, M/N to 16; None when the shape is not static),
+    ``c0`` and the buffer's ``nbytes``."""
+
+    format: str
+    dtype: str
+    shape: tuple[int, ...]
+    storage_shape: tuple[int, ...] | None
+    c0: int | None
+    nbytes: int
+
+    def to_manifest(self) -> dict:
+        return {"format": self.format, "dtype": self.dtype, "shape": list(self.shape),
+                "storage_shape": None if self.storage_shape is None else list(self.storage_shape),
+                "c0": self.c0, "nbytes": self.nbytes}
+
+
+@dataclasses.dataclass
+class Transfer:
+    """How one graph input or output crosses the host/device boundary. ``format``/``shape``/``dtype``:
+    the host array (channels-last for an NHWC host input); ``device_*``: the device buffer the
+    transfer writes or reads; ``graph_format``/``graph_shape``: the layout the ONNX graph declares,
+    when the host's differs (NHWC host, NCHW graph)."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+    format: str
+    device_format: str
+    device_shape: tuple[int, ...]
+    device_dtype: str
+    c0: int | None
+    nbytes: int
+    graph_format: str | None = None
+    graph_shape: tuple[int, ...] | None = None
+
+    def to_manifest(self) -> dict:
+        d = {"name": self.name, "shape": list(self.shape), "dtype": self.dtype, "format": self.format,
+             "device_format": self.device_format, "device_shape": list(self.device_shape), "c0": self.c0,
+             "nbytes": self.nbytes, "device_dtype": self.device_dtype}
+        if self.graph_format is not None:
+            d.update(graph_format=self.graph_format, graph_shape=list(self.graph_shape or ()))
+        return d
+
+
+@dataclasses.dataclass
 class Plan:
     """The result of :func:`plan`: formats, TransData (optimised and naive), packed weights, dtypes,
     memory plan, cost estimate and the :class:`PlanReport`."""
@@ -1206,11 +1604,49 @@ class Plan:
     cost: Any
     report: PlanReport
     passes: list[tuple[str, bool]]
+    fused: list[str] = dataclasses.field(default_factory=list)  # tensors never stored (converters.fusion)
+    tensors: dict[str, TensorPlan] = dataclasses.field(default_factory=dict)
+    inputs: list[Transfer] = dataclasses.field(default_factory=list)
+    outputs: list[Transfer] = dataclasses.field(default_factory=list)
+    dynamic: dict = dataclasses.field(default_factory=lambda: {"mode": None, "gears": []})
+    input_format: str | None = None
+
+    def to_manifest(self, *, support=None, source_model: dict | None = None) -> dict:
+        """The bundle manifest: every decision of this plan, as it is (nothing is re-derived)."""
+        from npu_deploy._version import __version__
+
+        cost = self.cost.manifest_summary() if self.cost is not None else {
+            "estimated": True, "soc": self.soc, "formattrans_share": None, "est_us": {}}
+        return {
+            "producer": "npu-deploy",
+            "producer_version": __version__,
+            "soc": self.soc,
+            "precision_mode": self.precision_mode,
+            "input_format": self.input_format,
+            "inputs": [t.to_manifest() for t in self.inputs],
+            "outputs": [t.to_manifest() for t in self.outputs],
+            "dynamic": self.dynamic,
+            "memory": self.memory.summary(),
+            "transdata": [t.to_manifest() for t in self.transdata],
+            "transdata_naive_count": len(self.transdata_naive),
+            "transdata_naive": [t.to_manifest() for t in self.transdata_naive],
+            "transdata_naive_bytes": sum(t.bytes for t in self.transdata_naive),
+            "node_formats": {k: v.to_manifest() for k, v in self.node_formats.items()},
+            "tensor_formats": self.tensor_formats,
+            "tensor_dtypes": self.tensor_dtypes,
+            "tensors": {k: v.to_manifest() for k, v in self.tensors.items()},
+            "fused_tensors": list(self.fused),
+            "cost": cost,
+            "plan": {"verdict": self.report.verdict(), "passes": [list(x) for x in self.passes]},
+            "support": None if support is None else {"verdict": support.verdict(), "counts": support.counts()},
+            "source_model": source_model,
+        }
 
     def explain(self) -> list[str]:
-        """One line per TransData kept: where it sits and why it had to stay."""
+        """One line per TransData kept: where it sits and why it had to stay; then one line per known
+        difference from ATC's build (``PlanReport.atc_differences``)."""
         return [f"{t.name}: {t.tensor} {t.src_format} -> {t.dst_format} ({_mb(t.bytes)}): {t.reason}"
-                for t in self.transdata]
+                for t in self.transdata] + [f"differs from ATC: {d}" for d in self.report.atc_differences]
 
 
 def plan(loaded, *, soc: str = "Ascend310P3", precision_mode: str | None = None,
@@ -1240,17 +1676,117 @@ def plan(loaded, *, soc: str = "Ascend310P3", precision_mode: str | None = None,
     for cls in PIPELINE[1:]:
         passes.append((cls.name, cls().run(state)))
     transdata = insert_transdata(state, shared=True)
-    verify_plan(state, transdata)
     weights = _plan_weights(state)
+    node_formats = _node_formats(state, weights)
+    verify_plan(state, transdata, node_formats, weights)
+    plan_bodies(state, support)
+    bodies = all_bodies(state)
 
     tensor_formats: dict[str, str] = {}
     tensor_dtypes: dict[str, str] = {}
-    for t in list(state.graph_inputs) + [o for n in state.nodes for o in n.node.output if o]:
-        if state.is_activation(t):
-            tensor_formats[t] = display_format(state.tensor_format(t), state.rank(t))
-            tensor_dtypes[t] = state.device_dtype(t).name
+    for s, produced in [(state, list(state.graph_inputs))] + [(b.state, [i.name for i in b.state.graph.input])
+                                                              for b in bodies]:
+        for t in produced + [o for n in s.nodes for o in n.node.output if o]:
+            if s.is_activation(t):
+                tensor_formats[t] = display_format(s.tensor_format(t), s.rank(t))
+                tensor_dtypes[t] = s.device_dtype(t).name
+    for b in bodies:
+        node_formats.update(_node_formats(b.state, []))
+
+    mem = _memory_plan(state, transdata, memory)  # the top-level graph's (bodies: sized at run time)
+    cost = _cost(state, transdata, naive, soc)
+    transdata = transdata + [td for b in bodies for td in b.transdata]
+    naive = naive + [td for b in bodies for td in b.naive]
+    for k, td in enumerate(transdata):
+        td.name = f"trans_TransData_{k}"
+    report = _report(loaded, state, soc, precision_mode, support, naive, transdata, weights, mem, cost)
+    fused = fusion.fused_tensors(loaded.model.graph, {k: v.to_manifest() for k, v in node_formats.items()},
+                                 [t.to_manifest() for t in transdata], set(loaded.constants))
+    tensors = _tensor_plans(state, tensor_formats, tensor_dtypes)
+    inputs, outputs = _transfers(state, tensor_dtypes)
+    dynamic = {"mode": loaded.dynamic_mode, "gears": _host_gears(loaded, state.host_formats)}
+    return Plan(soc, precision_mode, node_formats, tensor_formats, tensor_dtypes, transdata, naive, weights,
+                mem, cost, report, passes, fused, tensors, inputs, outputs, dynamic, input_format)
+
+
+def _host_perm(host: str, graph: str) -> list[int]:
+    """Axis ``k`` of the host (channels-last) array is axis ``perm[k]`` of the graph's array."""
+    return [graph.index(a) for a in host]
+
+
+def _host_gears(loaded, host_formats: dict[str, str]) -> list[dict[str, list[int]]]:
+    """``loaded.gears`` with each channels-last input's shape in the order the host feeds it."""
+    out = []
+    for g in loaded.gears:
+        gear = {}
+        for k, v in g.items():
+            f = host_formats.get(k)
+            if f in HOST_LAYOUTS:
+                v = [v[j] for j in _host_perm(f, HOST_LAYOUTS[f][0])]
+            gear[k] = list(v)
+        out.append(gear)
+    return out
+
+
+def _tensor_plans(state: PlanState, tensor_formats: dict[str, str], tensor_dtypes: dict[str, str]
+                  ) -> dict[str, TensorPlan]:
+    from npu_deploy.converters import formats
+
+    dynamic = set(getattr(state.loaded, "data_dependent", ()))
+    out: dict[str, TensorPlan] = {}
+    for t, fmt in tensor_formats.items():
+        shape = tuple(int(d) for d in state.shapes.get(t, ()))
+        dt = np.dtype(tensor_dtypes[t]) if tensor_dtypes.get(t) != "bfloat16" else state.device_dtype(t)
+        storage: tuple[int, ...] | None = None
+        c0 = None
+        if t not in dynamic and all(d >= 0 for d in shape) and t in state.shapes:
+            if is_plain(fmt) or fmt in HOST_LAYOUTS:
+                storage = shape if fmt not in HOST_LAYOUTS else tuple(
+                    shape[j] for j in _host_perm(fmt, HOST_LAYOUTS[fmt][0]))
+            else:
+                try:
+                    storage = tuple(formats.storage_shape(fmt, shape, dt))
+                    c0 = formats.resolve_c0(fmt, dt)
+                except Exception:  # a shape the format cannot hold: reported without a storage shape
+                    storage = None
+        nbytes = int(np.prod(storage, dtype=np.int64)) * dt.itemsize if storage is not None else 0
+        out[t] = TensorPlan(fmt, dt.name, shape, storage, c0, nbytes)
+    return out
+
+
+def _transfers(state: PlanState, tensor_dtypes: dict[str, str]) -> tuple[list[Transfer], list[Transfer]]:
+    """Graph inputs arrive in the host format (plain, or channels-last under ``--input-format``) and
+    the plan's first TransData converts them on the device; outputs leave in their plain layout."""
+    loaded = state.loaded
+
+    def one(info, host_fmt: str | None, is_input: bool) -> Transfer:
+        shape = list(info.shape)
+        if not is_input and not loaded.gears and info.name in loaded.shapes:
+            shape = list(loaded.shapes[info.name])
+        full = list(loaded.shapes.get(info.name, tuple(max(d, 0) for d in shape)))
+        fmt = host_fmt or plain_name(len(shape))
+        dt = np.dtype(info.dtype)
+        nbytes = int(np.prod(full, dtype=np.int64)) * dt.itemsize
+        dev_dt = tensor_dtypes.get(info.name, dt.name)
+        if fmt in HOST_LAYOUTS:
+            # the host feeds (and the device receives) the compact channels-last array; the lowered
+            # graph itself declares graph_format
+            perm = _host_perm(fmt, HOST_LAYOUTS[fmt][0])
+            return Transfer(info.name, tuple(shape[j] for j in perm), dt.name, fmt, fmt,
+                            tuple(full[j] for j in perm), dev_dt, None, nbytes, HOST_LAYOUTS[fmt][0], tuple(shape))
+        return Transfer(info.name, tuple(shape), dt.name, fmt, fmt, tuple(full), dev_dt, None, nbytes)
+
+    host = {i.name: (state.host_formats.get(i.name) or plain_name(len(tuple(i.shape)))) for i in loaded.inputs}
+    return ([one(i, host[i.name], True) for i in loaded.inputs],
+            [one(o, None, False) for o in loaded.outputs])
+
+
+def _node_formats(state: PlanState, weights: list[PackedWeight]) -> dict[str, NodeFormats]:
+    """Each node's slot formats, literally: the format the node reads each input in (an activation
+    slot with no requirement, e.g. a broadcast scalar, reads the tensor as it is stored; a constant
+    reads its packed format, else ND) and the format it writes each output in."""
     packed = {w.name: w for w in weights}
-    node_formats: dict[str, NodeFormats] = {}
+    out: dict[str, NodeFormats] = {}
     for n in state.nodes:
         slots = state.slot_formats(n)
         ins: list[str | None] = []
@@ -1259,21 +1795,40 @@ def plan(loaded, *, soc: str = "Ascend310P3", precision_mode: str | None = None,
                 ins.append(None)
             elif t in packed:
                 ins.append(packed[t].format)
-            elif slots[j] is not None:
-                ins.append(plain_name(state.rank(t)) if is_plain(slots[j]) else slots[j])
+            elif not state.is_activation(t):
+                ins.append(plain_name(state.rank(t)))
             else:
-                f = n.fmt if (not is_plain(n.fmt) and n.rule.kind == "follow") else ND
-                ins.append(plain_name(state.rank(t)) if is_plain(f) else f)
-        outs = [(plain_name(state.rank(o)) if is_plain(n.fmt) else output_format(n.fmt)) for o in n.node.output]
+                f = slots[j] if slots[j] is not None else state.tensor_format(t)
+                ins.append(display_format(f, state.rank(t)))
+        outs = [display_format(output_format(n.fmt), state.rank(o)) for o in n.node.output]
         dt = np.dtype(n.dtype)
-        node_formats[n.node.name] = NodeFormats(n.node.op_type, n.engine, ins, outs, n.dtype,
-                                                _c0_for(n.fmt, dt), n.folded, n.why)
+        out[n.node.name] = NodeFormats(n.node.op_type, n.engine, ins, outs, n.dtype, _c0_for(n.fmt, dt),
+                                       n.folded, n.why)
+    return out
 
-    mem = _memory_plan(state, transdata, memory)
-    cost = _cost(state, transdata, naive, soc)
-    report = _report(loaded, state, soc, precision_mode, support, naive, transdata, weights, mem, cost)
-    return Plan(soc, precision_mode, node_formats, tensor_formats, tensor_dtypes, transdata, naive, weights,
-                mem, cost, report, passes)
+
+def outer_names(node: onnx.NodeProto) -> set[str]:
+    """Tensors of the enclosing graph that the bodies of ``node`` (If/Loop/Scan, nested included)
+    read: names read inside and defined by no body node, body input or body initializer."""
+    return _graph_reads(_subgraphs(node))
+
+
+def _graph_reads(graphs: Sequence[onnx.GraphProto]) -> set[str]:
+    reads: set[str] = set()
+    defined: set[str] = set()
+
+    def walk(g: onnx.GraphProto) -> None:
+        defined.update(i.name for i in g.input)
+        defined.update(t.name for t in g.initializer)
+        for sub in g.node:
+            reads.update(i for i in sub.input if i)
+            defined.update(o for o in sub.output if o)
+            for body in _subgraphs(sub):
+                walk(body)
+
+    for body in graphs:
+        walk(body)
+    return reads - defined
 
 
 def _outer_reads(node: onnx.NodeProto) -> set[str]:
@@ -1318,15 +1873,23 @@ def _memory_plan(state: PlanState, transdata: list[TransData], memory) -> Any:
 
 
 def _cost(state: PlanState, transdata: list[TransData], naive: list[TransData], soc: str) -> Any:
+    """The estimate of the top-level graph plus its bodies: an If counts its costlier branch, a
+    Loop/Scan body one iteration (trip counts are run-time values)."""
     from npu_deploy.converters import cost as costmod
 
     try:
         costmod.get_soc_profile(soc)
     except InputError:
         return None
+    state.not_estimated = []
+    ops, tds = _cost_items(state, transdata, naive, soc, costmod)
+    return costmod.estimate(ops, tds, soc)
+
+
+def _cost_items(state: PlanState, transdata: list[TransData], naive: list[TransData], soc: str,
+                costmod) -> tuple[list, list]:
     dtypes = {t: state.device_dtype(t) for t in state.dtypes}
     ops = []
-    state.not_estimated = []
     for n in state.nodes:
         if n.folded:
             continue
@@ -1344,21 +1907,92 @@ def _cost(state: PlanState, transdata: list[TransData], naive: list[TransData], 
     for td in transdata + naive:
         td.est_us = float(costmod.transdata_time_us(td.bytes, td.src_format, td.dst_format, soc,
                                                      dst_nbytes=td.dst_bytes))
-    return costmod.estimate(ops, [costmod.EstimatedTransData(t.name, t.src_format, t.dst_format, t.bytes,
-                                                             t.dst_bytes) for t in transdata], soc)
+    tds = [costmod.EstimatedTransData(t.name, t.src_format, t.dst_format, t.bytes, t.dst_bytes) for t in transdata]
+    by_owner: dict[str, list[tuple[float, list, list]]] = {}
+    for b in state.bodies:
+        b.state.not_estimated = state.not_estimated  # one list for the whole model
+        b_ops, b_tds = _cost_items(b.state, b.transdata, b.naive, soc, costmod)
+        total = costmod.estimate(b_ops, b_tds, soc).total_us if (b_ops or b_tds) else 0.0
+        by_owner.setdefault(b.owner, []).append((float(total), b_ops, b_tds))
+    for choices in by_owner.values():
+        _, b_ops, b_tds = max(choices, key=lambda c: c[0])
+        ops += b_ops
+        tds += b_tds
+    return ops, tds
+
+
+def _names(nodes: Sequence[str], k: int = 3) -> str:
+    return ", ".join(nodes[:k]) + (f" and {len(nodes) - k} more" if len(nodes) > k else "")
+
+
+def atc_differences(state: PlanState) -> list[str]:
+    """Where this plan is known to differ from ATC's build, in terms a user can check on the ``.om``
+    (``npu-deploy inspect MODEL.om`` lists its ops, formats and the ONNX names fused into each)."""
+    out: list[str] = []
+    split, kt, merge = [], [], []
+    states = [state] + [b.state for b in all_bodies(state)]
+    for s in states:
+        for n in s.nodes:
+            if n.fmt != NZ or n.node.op_type != "Transpose":
+                continue
+            pair = head_pair(s, n)
+            if pair.reason is None and pair.kind:
+                {"split": split, "split-kt": kt, "merge": merge}[pair.kind].append(f"{pair.partner} + {n.node.name}")
+    if split or merge:
+        pairs = split + merge
+        out.append(f"attention head split/merge ({len(pairs)} Reshape + Transpose pairs, e.g. {_names(pairs, 2)}) "
+                   f"run here as two FRACTAL_NZ ops each; ATC fuses each pair into one ConfusionTransposeD "
+                   f"(the .om lists a ConfusionTransposeD whose original names are both nodes, and no "
+                   f"TransData around it)")
+    if kt:
+        out.append(f"K^T ({len(kt)} Reshape + Transpose pairs, e.g. {_names(kt, 2)}) is a FRACTAL_NZ transpose "
+                   f"here; ATC reads K in place as the second operand of BatchMatMul with adj_x2=true (the "
+                   f".om's BatchMatMul lists the Transpose among its original names)")
+    rnn = [n.node.name for s in states for n in s.nodes if n.node.op_type in ("LSTM", "GRU") and not n.folded]
+    if rnn:
+        out.append(f"{_names(rnn)} ({len(rnn)} recurrent op(s)) planned in ND here; ATC rewrites LSTM/GRU to "
+                   f"DynamicRNN/DynamicGRUV2, which read FRACTAL_NZ activations and FRACTAL_ZN_RNN weights: "
+                   f"expect TransData next to them in the .om that this plan does not count")
+    owners = list(dict.fromkeys(b.owner for b in all_bodies(state)))
+    if owners:
+        out.append(f"{_names(owners)} ({len(owners)} If/Loop/Scan node(s)): their bodies return ND here (and "
+                   f"Loop/Scan state enters in ND); ATC compiles each body as a subgraph of its own and may keep "
+                   f"a blocked format across the boundary (the .om has one partition per body: compare the "
+                   f"formats of the ops next to it)")
+    return out
+
+
+def _subgraphs(node: onnx.NodeProto) -> list[onnx.GraphProto]:
+    graphs: list[onnx.GraphProto] = []
+    for a in node.attribute:
+        if a.type == onnx.AttributeProto.GRAPH:
+            graphs.append(a.g)
+        elif a.type == onnx.AttributeProto.GRAPHS:
+            graphs.extend(a.graphs)
+    return graphs
 
 
 def _report(loaded, state, soc, precision_mode, support, naive, transdata, weights, mem, cost) -> PlanReport:
     formats_count: dict[str, int] = {}
-    folded = 0
-    for n in state.nodes:
-        if n.folded:
-            folded += 1
-            continue
-        key = plain_name(state.rank(n.node.output[0]) if n.node.output else 0) if is_plain(n.fmt) else n.fmt
-        formats_count[key] = formats_count.get(key, 0) + 1
+    folded = planned = 0
+    for s in [state] + [b.state for b in all_bodies(state)]:
+        for n in s.nodes:
+            if n.folded:
+                folded += 1
+                continue
+            planned += 1
+            key = plain_name(s.rank(n.node.output[0]) if n.node.output else 0) if is_plain(n.fmt) else n.fmt
+            formats_count[key] = formats_count.get(key, 0) + 1
     notes = list(getattr(loaded, "warnings", ()))  # what loading worked around (onnx_model.load_model)
     notes += state.notes  # inputs --input-format does not apply to
+    differences = atc_differences(state)
+    if state.bodies:
+        notes.append(f"{len(all_bodies(state))} If/Loop/Scan bodies planned (outer tensors enter as stored, "
+                     f"body inputs and outputs are ND); the estimate counts each If's costlier branch and one "
+                     f"Loop/Scan iteration; body tensors are not in the memory plan")
+    if differences:
+        notes.append(f"{len(differences)} known difference(s) from what ATC builds (convert --explain lists "
+                     f"them, with how to check each on a real .om)")
     cost_d = None
     if cost is not None:
         cost_d = {"estimated": True, "compute_us": float(cost.compute_us),
@@ -1375,9 +2009,9 @@ def _report(loaded, state, soc, precision_mode, support, naive, transdata, weigh
                      f"model): {', '.join(skipped[:5])}" + (" …" if len(skipped) > 5 else ""))
     return PlanReport(
         model=loaded.path.name, soc=soc, precision_mode=precision_mode,
-        nodes=len(state.nodes) - folded, constant_folded=folded, engines=support.counts(),
+        nodes=planned, constant_folded=folded, engines=support.counts(),
         formats=formats_count, transdata_naive_count=len(naive),
         transdata_naive_bytes=sum(t.bytes for t in naive), transdata_count=len(transdata),
         transdata_bytes=sum(t.bytes for t in transdata), transdata=[t.to_manifest() for t in transdata],
         weights_prepacked=len(weights), weights_bytes=sum(w.nbytes for w in weights),
-        memory=mem.summary(), cost=cost_d, notes=notes)
+        memory=mem.summary(), cost=cost_d, notes=notes, atc_differences=differences)

@@ -20,6 +20,7 @@ EXIT_CHECK_FAILED = 1
 EXIT_BAD_INPUT = 2
 EXIT_ENVIRONMENT = 3
 EXIT_INTERNAL = 4
+EXIT_INTERRUPTED = 130  # Ctrl-C (SIGINT); a signal N in general gives 128 + N, so SIGTERM gives 143
 
 
 class NpuDeployError(Exception):
@@ -105,6 +106,15 @@ class AclError(ExternalError):
         self.code = code
 
 
+class OutputError(ExternalError):
+    """An output could not be written: disk full, read-only file system, permission denied (exit 3).
+    ``path`` is the output; the message carries the operating system's reason."""
+
+    def __init__(self, message: str, *, path: str | None = None, hint: str | None = None):
+        super().__init__(message, hint=hint)
+        self.path = path
+
+
 class DependencyError(ExternalError):
     """An optional dependency (pyACL, acllite, msprof, ATC) is missing; the message says what to install."""
 
@@ -113,6 +123,20 @@ class CheckFailed(NpuDeployError):
     """A check ran and failed (compare mismatch, profile flagged with ``--fail-on-flag``): exit 1."""
 
     exit_code = EXIT_CHECK_FAILED
+
+
+class Interrupted(BaseException):
+    """A signal (SIGINT = Ctrl-C, SIGTERM) stopped the run. Like ``KeyboardInterrupt`` it is not an
+    ``Exception``, so ``except Exception`` clean-up code does not swallow it; the CLI exits 128 + N
+    (130 for Ctrl-C, 143 for SIGTERM) after temporaries and the run's outputs are removed."""
+
+    def __init__(self, signum: int):
+        super().__init__(int(signum))
+        self.signum = int(signum)
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + self.signum
 
 
 class InternalError(Exception):

@@ -3,6 +3,11 @@ conversions responsible, round trips, AI CPU ops, and suggestions that name thei
 
 The denominator of every share is **device compute time**: the summed duration of every device task that
 is not communication (``COMMUNICATION``/``HCCL`` cores, ``hcom_*`` kernels), which are reported apart.
+Timelines count kernel tasks only (step-trace spans are reported as ``steps``, sync tasks left out).
+
+A folder of several captures (ranks, PROF folders), or a capture of several devices, gets one verdict per
+capture / device in ``devices`` as well as the pooled one; the report is flagged when any is above the
+threshold (:data:`FORMATTRANS_THRESHOLD_PCT` unless given), so a pooled share cannot hide one capture.
 
 Classes of conversion (msprof.md §8.1):
 
@@ -34,6 +39,9 @@ from npu_deploy._result import Result
 from npu_deploy.errors import ProfileError
 from npu_deploy.profiling import parse as P
 from npu_deploy.profiling.discover import Discovery, discover
+
+#: the FormatTrans share, in percent of device compute time, above which a profile is flagged
+FORMATTRANS_THRESHOLD_PCT = 8.0
 
 # ---------------------------------------------------------------------------------------------------
 # Op families
@@ -275,10 +283,34 @@ class Suggestion:
 
 @dataclass
 class DeviceShare:
+    """The verdict of one part of a profile: one capture (a rank, a PROF folder), or one device of it.
+
+    ``device`` is the label shown: ``device_0``, or ``rank_1_ascend_pt: device_1`` when the folder holds
+    several captures; ``capture`` the capture's folder (relative to the analysed path)."""
+
     device: str
     compute_us: float
     formattrans_us: float
     share_pct: float
+    capture: str = ""
+    flagged: bool = False
+
+    def verdict(self, threshold_pct: float) -> str:
+        state = "FLAGGED" if self.flagged else "ok"
+        return (f"{self.device}: FormatTrans {self.share_pct:.1f} % of {_fmt_us(self.compute_us)} device compute "
+                f"(threshold {threshold_pct:g} %): {state}")
+
+
+@dataclass
+class StepSpan:
+    """Step-trace spans of one kind on one device (raw CANN 6.x timelines): ``Iteration``, ``FP_BP Time``,
+    ``Iteration Refresh``, ``Reduce``. Markers of the training step, not kernels."""
+
+    device: str
+    kind: str
+    count: int
+    total_us: float
+    mean_us: float
 
 
 def _names(cls) -> set[str]:
@@ -293,8 +325,9 @@ def _pct(part: float, whole: float) -> float:
 class ProfileReport(Result):
     """How much device compute time goes to format conversions, and why.
 
-    ``bool(report)`` is True when the FormatTrans share is within the threshold. Every share is a
-    percentage of device compute time (communication excluded).
+    ``bool(report)`` is True when the FormatTrans share is within the threshold, pooled and in each
+    capture / device listed in ``devices``. Every share is a percentage of device compute time
+    (communication excluded).
 
     >>> r = ProfileReport(path="p", compute_us=1000.0, transdata_us=160.0, formattrans_us=160.0)
     >>> r.formattrans_pct = 16.0; r.flagged = True
@@ -309,7 +342,7 @@ class ProfileReport(Result):
     sources: list[str] = field(default_factory=list)
     discovery: dict = field(default_factory=dict)
     detail: str = "per-task"            # "per-task" | "totals only" (op_statistic only)
-    threshold_pct: float = 8.0
+    threshold_pct: float = FORMATTRANS_THRESHOLD_PCT
     include_transpose: bool = True
     estimated: bool = False
     compute_us: float = 0.0
@@ -337,6 +370,7 @@ class ProfileReport(Result):
     round_trips: list[RoundTrip] = field(default_factory=list)
     suggestions: list[Suggestion] = field(default_factory=list)
     devices: list[DeviceShare] = field(default_factory=list)
+    steps: list[StepSpan] = field(default_factory=list)
     cross_checks: dict = field(default_factory=dict)
     classified_by_name: int = 0
     warnings: list[str] = field(default_factory=list)
@@ -345,8 +379,21 @@ class ProfileReport(Result):
         return not self.flagged
 
     def formattrans_share(self) -> float:
-        """The flagged FormatTrans share in percent of device compute time."""
+        """The flagged FormatTrans share in percent of device compute time (kept for callers; prefer
+        :meth:`formattrans_share_pct`, whose name says the unit)."""
         return self.formattrans_pct
+
+    def formattrans_share_pct(self) -> float:
+        """The flagged FormatTrans share in percent (0–100) of device compute time.
+
+        >>> ProfileReport(formattrans_pct=12.5).formattrans_share_pct()
+        12.5
+        """
+        return self.formattrans_pct
+
+    def flagged_parts(self) -> list[DeviceShare]:
+        """The captures / devices whose own share is above the threshold."""
+        return [d for d in self.devices if d.flagged]
 
     def top_conversions(self, n: int = 10, category: str | None = None) -> list[ConversionKind]:
         """Conversion kinds by total time, largest first (optionally one category)."""
@@ -356,8 +403,17 @@ class ProfileReport(Result):
     def verdict(self) -> str:
         what = "FormatTrans" if self.include_transpose else "FormatTrans (TransData only)"
         state = "FLAGGED" if self.flagged else "ok"
-        line = (f"{what} {self.formattrans_pct:.1f} % of device compute "
-                f"(threshold {self.threshold_pct:g} %): {state}")
+        if not self.devices:
+            line = (f"{what} {self.formattrans_pct:.1f} % of device compute "
+                    f"(threshold {self.threshold_pct:g} %): {state}")
+        else:
+            # several captures / devices: each has its own verdict, one above the threshold flags the whole
+            bad = self.flagged_parts()
+            line = (f"{what} {self.formattrans_pct:.1f} % of device compute over {len(self.devices)} "
+                    f"captures/devices (threshold {self.threshold_pct:g} %): {state}")
+            if bad:
+                worst = max(bad, key=lambda d: d.share_pct)
+                line += f" ({len(bad)} of {len(self.devices)} above; highest {worst.device} {worst.share_pct:.1f} %)"
         if self.estimated:
             line += " (estimated by the emulator's cost model)"
         return line
@@ -374,7 +430,8 @@ class ProfileReport(Result):
     def from_dict(cls, d: dict) -> "ProfileReport":
         d = dict(d)
         nested = {"ai_cpu_ops": AiCpuOp, "op_types": OpTypeTime, "task_types": TaskTypeTime,
-                  "round_trips": RoundTrip, "suggestions": Suggestion, "devices": DeviceShare}
+                  "round_trips": RoundTrip, "suggestions": Suggestion, "devices": DeviceShare,
+                  "steps": StepSpan}
         for key, typ in nested.items():
             d[key] = [typ(**{k: v for k, v in x.items() if k in _names(typ)}) for x in d.get(key, [])]
         d["conversions"] = [ConversionKind.from_dict(x) for x in d.get("conversions", [])]
@@ -460,6 +517,8 @@ class Analyzer:
         self.skipped_rows = 0
         self.detail = "per-task"
         self.has_formats = True
+        self.label = ""                  # the current capture
+        self.steps: dict = {}            # (capture, device, kind) -> [count, total µs]
 
     def begin_capture(self, label: str) -> None:
         """Start a new capture (another rank, another PROF folder): its streams are its own, so
@@ -467,6 +526,7 @@ class Analyzer:
         if self.captures == [("", self.streams)] and not self.streams:
             self.captures = []
         self.streams = {}
+        self.label = label
         self.captures.append((label, self.streams))
 
     # -- classification of a new (op type, core) pair
@@ -582,6 +642,11 @@ class Analyzer:
                 st.cube_seq += 1
                 st.last_cube = slot[4]
             st.prev = name
+        for dev, kinds in stream.steps.items():
+            for kind, (n, us) in kinds.items():
+                t = self.steps.setdefault((self.label, dev, kind), [0, 0.0])
+                t[0] += n
+                t[1] += us
         self.warnings.extend(stream.warnings())
         self.warnings.extend(stream.notes)
         self.skipped_rows += sum(s.count for s in stream.skipped.values())
@@ -817,21 +882,27 @@ class Analyzer:
         r.ai_cpu_ops.sort(key=lambda a: -a.total_us)
         r.ai_cpu_us = round(ai_us, 3)
         r.ai_cpu_pct = _pct(ai_us, compute_us)
-        dev_total: dict[str, list] = {}
         several = len([c for c in self.captures if c[1]]) > 1
+        dev_total: dict[str, list] = {}
         for label, streams in self.captures:
             for st in streams.values():
-                dev = P.clean(st.device) or "-"
-                if several:
-                    dev = f"{label}: {dev}" if dev != "-" else label
-                t = dev_total.setdefault(dev, [0.0, 0.0, 0.0])
+                dev = _device_label(label, st.device, several)
+                t = dev_total.setdefault(dev, [0.0, 0.0, 0.0, label])
                 t[0] += st.total
                 t[1] += st.fmt
                 t[2] += st.layout
         if len(dev_total) > 1:
-            for dev, (tot, fmt, lay) in sorted(dev_total.items()):
+            # one verdict per capture / device: a pooled share can hide one far above the threshold
+            for dev, (tot, fmt, lay, label) in sorted(dev_total.items()):
                 ft = fmt + (lay if include_transpose else 0.0)
-                r.devices.append(DeviceShare(dev, round(tot, 3), round(ft, 3), _pct(ft, tot)))
+                pct = _pct(ft, tot)
+                r.devices.append(DeviceShare(dev, round(tot, 3), round(ft, 3), pct, capture=label,
+                                             flagged=pct > threshold))
+            if any(d.flagged for d in r.devices):
+                r.flagged = True
+        for (label, dev, kind), (n, us) in sorted(self.steps.items()):
+            r.steps.append(StepSpan(_device_label(label, dev, several), kind, n, round(us, 3),
+                                    round(us / n, 3) if n else 0.0))
         if self.detail == "per-task":
             r.cross_checks["msprof_analyze_name_rule_pct"] = _pct(self.name_trans_us, compute_us)
         if self.classified_by_name:
@@ -843,6 +914,16 @@ class Analyzer:
         r.warnings.extend(self.warnings)
         r.suggestions = suggest(r)
         return r
+
+
+def _device_label(capture: str, device, several: bool) -> str:
+    """``device_0`` for a device id; prefixed by the capture when there are several captures."""
+    dev = P.clean(device if device is None else str(device))
+    if dev is not None and dev.isdigit():
+        dev = f"device_{dev}"
+    if several:
+        return f"{capture}: {dev}" if dev is not None else capture
+    return dev or "-"
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -977,7 +1058,7 @@ def analyze_profile(path: str | os.PathLike, threshold: float | None = None,
     FormatTrans 0.0 % of device compute (threshold 8 %): ok
     True
     """
-    threshold = 8.0 if threshold is None else float(threshold)
+    threshold = FORMATTRANS_THRESHOLD_PCT if threshold is None else float(threshold)
     if not (0.0 <= threshold <= 100.0) or threshold != threshold:
         raise ProfileError(f"threshold {threshold:g} is not a percentage between 0 and 100",
                            hint="e.g. --threshold 8")

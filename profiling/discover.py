@@ -1,6 +1,6 @@
 """Find the profiler output under one path and choose what to read (msprof.md §1 and §9.1).
 
-Accepted: a ``PROF_*`` folder (CANN ≤ 7.0 ``device_N/summary/`` or newer ``mindstudio_profiler_output/``,
+Accepted: a MindSpore 1.x profiler folder (``aicore_intermediate_*``, ``timeline_display_*``), a ``PROF_*`` folder (CANN ≤ 7.0 ``device_N/summary/`` or newer ``mindstudio_profiler_output/``,
 ``_slice_N_`` files included), a torch_npu / MindSpore ``*_ascend_pt`` / ``*_ascend_ms`` folder
 (``ASCEND_PROFILER_OUTPUT/``), a parent folder holding several of these (devices, ranks), an SQLite export,
 or a single CSV / JSON file.
@@ -8,7 +8,9 @@ or a single CSV / JSON file.
 Each *capture* (one ``*_ascend_pt|ms`` folder, else one ``PROF_*`` folder, else one plain folder) is read
 from exactly one source, the richest available, in this order: ``kernel_details.csv`` → merged
 ``mindstudio_profiler_output/op_summary_*.csv`` (all slices) → per-device ``summary/op_summary_*.csv`` →
-SQLite export → timeline JSON → ``op_statistic`` (totals only). The other sources of a capture are listed
+SQLite export → timeline JSON → MindSpore 1.x ``aicore_intermediate_{dev}_type.csv`` (all devices; totals
+per op type) → ``op_statistic`` (totals only) → MindSpore 1.x ``aicore_intermediate_{dev}_detail.csv`` →
+MindSpore 1.x ``timeline_display_{dev}.json``. The other sources of a capture are listed
 as found-but-not-used, with the reason: "same data as X" when their rows were checked to be the same
 tasks, "holds other tasks than X" or "overlaps X" when not (never mixed in either case), "X is preferred"
 when they are not compared (timelines, op_statistic). An ``op_statistic`` beside a per-task source is
@@ -53,9 +55,13 @@ _OP_STATISTIC = re.compile(r"^op_statistic(_[_\d]*\d)?\.csv$")
 _MSPROF_JSON = re.compile(r"^msprof_(slice_\d+_)?\d+.*\.json$")
 _DB = re.compile(r"^(msprof_\d+|ascend_pytorch_profiler(_\d+)?|ascend_mindspore_profiler(_\d+)?)\.db$")
 _TS = re.compile(r"(\d{14})\.csv$")
+_MS_TYPE = re.compile(r"^aicore_intermediate_\d+_type\.csv$")
+_MS_DETAIL = re.compile(r"^aicore_intermediate_\d+_detail\.csv$")
+_MS_TIMELINE = re.compile(r"^timeline_display_\d+\.json$")
 
 #: source kinds, richest first
-PRIORITY = ("kernel_details", "op_summary", "op_summary_device", "db", "timeline", "op_statistic")
+PRIORITY = ("kernel_details", "op_summary", "op_summary_device", "db", "timeline", "ms_aicore_type",
+            "op_statistic", "ms_aicore_detail", "ms_timeline")
 DESCRIPTIONS = {
     "kernel_details": "torch_npu/MindSpore kernel_details.csv",
     "op_summary": "msprof op_summary (mindstudio_profiler_output)",
@@ -63,9 +69,15 @@ DESCRIPTIONS = {
     "db": "SQLite export (TASK ⨝ COMPUTE_TASK_INFO)",
     "timeline": "timeline JSON (classified by kernel name)",
     "op_statistic": "op_statistic (per-op-type totals only)",
+    "ms_aicore_type": "MindSpore 1.x aicore_intermediate type table (AI Core time per op type)",
+    "ms_aicore_detail": "MindSpore 1.x aicore_intermediate detail table (AI Core time per op)",
+    "ms_timeline": "MindSpore 1.x timeline_display (classified by kernel name)",
     "csv": "op table CSV",
 }
 _MAX_FILES = 200_000
+#: sources without per-task rows (no fingerprint), and sources never compared row by row with another
+_NOT_PER_TASK = frozenset({"op_statistic", "ms_aicore_type", "ms_timeline"})
+_NOT_COMPARED = frozenset({"timeline", "op_statistic", "ms_aicore_type", "ms_aicore_detail", "ms_timeline"})
 
 
 @dataclass
@@ -86,7 +98,8 @@ class Source:
 
     @property
     def reader_kind(self) -> str:
-        return {"db": "db", "timeline": "trace", "op_statistic": "stats"}.get(self.kind, "csv")
+        return {"db": "db", "timeline": "trace", "op_statistic": "stats", "ms_aicore_type": "ms_type",
+                "ms_aicore_detail": "ms_detail", "ms_timeline": "ms_trace"}.get(self.kind, "csv")
 
 
 @dataclass
@@ -181,6 +194,12 @@ def _classify(f: Path) -> str | None:
         return "db"
     if n == "trace_view.json" or _MSPROF_JSON.match(n):
         return "timeline"
+    if _MS_TYPE.match(n):
+        return "ms_aicore_type"
+    if _MS_DETAIL.match(n):
+        return "ms_aicore_detail"
+    if _MS_TIMELINE.match(n):
+        return "ms_timeline"
     return None
 
 
@@ -216,7 +235,11 @@ def discover(path: str | os.PathLike) -> Discovery:
         return _discover_file(top)
     files: list[Path] = []
     for dirpath, dirnames, filenames in os.walk(top):
-        dirnames[:] = sorted(d for d in dirnames if d not in ("data", "sqlite", "FRAMEWORK", "__pycache__"))
+        # raw binary data of a PROF folder (device_N/data, host/data) is not read; MindSpore 1.x's
+        # default output folder is also called data (./data/profiler), so only skip it there
+        raw = Path(dirpath).name.startswith(("device_", "host")) or _PROF_DIR.match(Path(dirpath).name)
+        dirnames[:] = sorted(d for d in dirnames if d not in ("sqlite", "FRAMEWORK", "__pycache__")
+                             and not (d == "data" and raw))
         for n in filenames:
             if n.endswith((".csv", ".db", ".json")):
                 files.append(Path(dirpath) / n)
@@ -284,7 +307,7 @@ def _choose(cap: Capture, disc: Discovery) -> None:
             continue
         if cap.used is None:
             cap.used = src
-        elif kind == "op_statistic":
+        elif kind == "op_statistic" and cap.used.kind != "ms_aicore_type":
             cap.cross_check = src
         else:
             cap.unused.append(src)
@@ -293,6 +316,8 @@ def _choose(cap: Capture, disc: Discovery) -> None:
 def _discover_file(f: Path) -> Discovery:
     if is_sqlite(f):
         kind = "db"
+    elif _classify(f) in ("ms_aicore_type", "ms_aicore_detail", "ms_timeline"):
+        kind = _classify(f)
     elif f.suffix.lower() == ".json":
         kind = "timeline"
     else:
@@ -419,7 +444,7 @@ def fingerprint(src: Source, full: bool = False) -> Fingerprint | None:
     """The fingerprint of a per-task source (None for op_statistic, an unreadable file or no tasks).
     ``full`` adds the number of records and the last tasks: for CSV files from a count of lines and the
     end of the last file, otherwise from a pass over the rows."""
-    if src.kind == "op_statistic":
+    if src.kind in _NOT_PER_TASK:
         return None
     try:
         it = _fp_rows(src)
@@ -577,7 +602,7 @@ def _drop_copies(disc: Discovery) -> None:
             if s.reason is not None or ref is None or s is ref:
                 continue
             name = rel(ref)
-            if s.kind in ("timeline", "op_statistic") or ref.kind in ("timeline", "op_statistic"):
+            if s.kind in _NOT_COMPARED or ref.kind in _NOT_COMPARED:
                 s.reason = f"{name} is preferred"
                 continue
             ha, hb = fp(ref, False), fp(s, False)

@@ -1,5 +1,6 @@
 """Streaming readers for profiler tables: op_summary / kernel_details CSV, op_statistic CSV, the msprof /
-torch_npu SQLite export, and Chrome-trace timelines.
+torch_npu SQLite export, Chrome-trace timelines (trace_view.json, msprof_*.json, read event by event in
+bounded memory), and MindSpore 1.x's aicore_intermediate tables and timeline_display.
 
 Every reader yields **raw records** (sequences of cells as the file holds them: strings, or ``None``) and
 says in ``stream.indices`` where each field of :data:`FIELDS` sits in a record (CSV records are the rows
@@ -7,8 +8,10 @@ themselves, so no per-row copy is made; an absent column reads an empty cell). C
 around shapes, ``FORMAT_`` prefixes, ``:N`` sub-formats) is done by the helpers below, and only on the rows
 that need it, so a million-row file streams at close to the speed of the ``csv`` module itself.
 
-Rows that cannot be used (a field short or long, a duration that is not a number) are skipped and counted
-per reason with their first line numbers in :attr:`TableStream.skipped`; never silently.
+Rows that cannot be used (a field short or long, a duration or count that is not a finite number, a cell
+over the csv module's field limit) are skipped and counted per reason with their first line numbers in
+:attr:`TableStream.skipped`; never silently. A file that cannot be used at all is a ``ProfileError`` with
+its path (and line where known).
 
 >>> import io, tempfile, os
 >>> p = os.path.join(tempfile.mkdtemp(), "op_summary_0_1.csv")
@@ -22,7 +25,6 @@ per reason with their first line numbers in :attr:`TableStream.skipped`; never s
 from __future__ import annotations
 
 import csv
-import json
 import os
 import re
 import sqlite3
@@ -31,6 +33,7 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from npu_deploy.errors import ProfileError
+from npu_deploy.profiling._jsonstream import iter_events
 
 # ---------------------------------------------------------------------------------------------------
 # Canonical fields and the header alias table (msprof.md §3.4 and §9)
@@ -294,6 +297,8 @@ class TableStream:
         self.indices: tuple[int, ...] = tuple(range(len(FIELDS)))
         #: the device of every record when the table has no device column but its location says it
         self.default_device: str | None = None
+        #: step-trace spans seen (timelines): device -> {kind: [count, total µs]}; not rows
+        self.steps: dict[str, dict[str, list]] = {}
 
     @property
     def line(self) -> int | None:  # pragma: no cover - overridden
@@ -419,17 +424,26 @@ class CsvStatStream(TableStream):
     """op_statistic_*.csv: one row per (OP Type, Core Type) with count and total time."""
 
     kind = "stats"
+    aliases = STAT_ALIASES
+    what = "an op_statistic table: no 'OP Type' / 'Total Time(us)' column"
+    #: µs per unit of the total column
+    scale = 1.0
+    #: the core of every row when the table has no core column
+    default_core: str | None = None
 
     def __init__(self, path: str | os.PathLike):
         super().__init__(path)
         self._reader = None
         with _open_text(self.path) as f:
-            header = next(csv.reader(f), None) or []
+            try:
+                header = next(csv.reader(f), None) or []
+            except csv.Error as e:     # e.g. a header cell over the csv module's 131,072-character limit
+                raise ProfileError(f"unreadable CSV header ({str(e)[:80]})", path=self.path, line=1,
+                                   hint="is this an op_statistic file?") from None
         self.header = header
-        self.cols = _resolve(header, STAT_ALIASES)
+        self.cols = _resolve(header, self.aliases)
         if "op_type" not in self.cols or "total" not in self.cols:
-            raise ProfileError("not an op_statistic table: no 'OP Type' / 'Total Time(us)' column",
-                               path=self.path, line=1)
+            raise ProfileError(f"not {self.what}", path=self.path, line=1)
         self.ncols = len(header)
 
     @property
@@ -453,16 +467,114 @@ class CsvStatStream(TableStream):
                         op = clean(row[c["op_type"]])
                         try:
                             total = float(row[c["total"]])
-                            count = int(float(row[c["count"]])) if "count" in c else 0
+                            count_f = float(row[c["count"]]) if "count" in c else 0.0
                         except ValueError:
                             self.skip("time or count is not a number", reader.line_num)
                             continue
                         if op is None or not (0.0 <= total < 1e15):
                             self.skip("no op type or time out of range", reader.line_num)
                             continue
-                        core = clean(row[c["core"]]) if "core" in c else None
-                        dev = clean(row[c["device"]]) if "device" in c else None
-                        yield (op, core, count, total, dev)
+                        if not (0.0 <= count_f < 1e15):      # inf, nan, negative
+                            self.skip("count out of range", reader.line_num)
+                            continue
+                        count = int(count_f)
+                        core = clean(row[c["core"]]) if "core" in c else self.default_core
+                        dev = clean(row[c["device"]]) if "device" in c else self.default_device
+                        yield (op, core, count, total * self.scale, dev)
+                    break
+                except csv.Error as e:
+                    self.skip(f"malformed CSV: {str(e)[:60]}", reader.line_num)
+
+
+# ---------------------------------------------------------------------------------------------------
+# MindSpore 1.x profiler output
+#
+# msprof.md does not document these files; the column names are MindSpore 1.x's as publicly known
+# (its profiler's integrator): ``aicore_intermediate_{dev}_type.csv`` = op_type, execution_time (ms),
+# execution_frequency (number of ops of that type), percent; ``aicore_intermediate_{dev}_detail.csv`` =
+# full_op_name, execution_time (ms)[, execution_frequency]. Both hold AI Core ops only.
+
+MS_TYPE_ALIASES: dict[str, tuple[str, ...]] = {
+    "op_type": ("op_type",),
+    "total": ("execution_time", "execution_time(ms)", "total_time"),
+    "count": ("execution_frequency",),
+    "ratio": ("percent", "percent(%)"),
+}
+MS_DETAIL_ALIASES: dict[str, tuple[str, ...]] = {
+    "name": ("full_op_name", "op_name"),
+    "dur": ("execution_time", "execution_time(ms)", "avg_execution_time"),
+    "count": ("execution_frequency",),
+}
+_MS_FILE = re.compile(r"^aicore_intermediate_(\d+)_(type|detail)\.csv$")
+
+
+def _ms_device(path: str) -> str | None:
+    m = _MS_FILE.match(Path(path).name)
+    return m.group(1) if m else None
+
+
+class MsTypeStream(CsvStatStream):
+    """MindSpore 1.x ``aicore_intermediate_{dev}_type.csv``: AI Core time per op type (ms, read as µs)."""
+
+    aliases = MS_TYPE_ALIASES
+    what = "a MindSpore aicore_intermediate type table: no 'op_type' / 'execution_time' column"
+    scale = 1000.0
+    default_core = "AI_CORE"
+
+    def __init__(self, path: str | os.PathLike):
+        super().__init__(path)
+        self.default_device = _ms_device(self.path)
+
+
+class MsDetailStream(TableStream):
+    """MindSpore 1.x ``aicore_intermediate_{dev}_detail.csv``: AI Core time per op (full scope name, ms).
+    The op type comes from the name (``Default/…/TransData-op12`` → TransData)."""
+
+    def __init__(self, path: str | os.PathLike):
+        super().__init__(path)
+        self.has_op_type = False
+        self.has_formats = False
+        self.default_device = _ms_device(self.path)
+        self._line = 0
+        with _open_text(self.path) as f:
+            try:
+                header = next(csv.reader(f), None) or []
+            except csv.Error as e:
+                raise ProfileError(f"unreadable CSV header ({str(e)[:80]})", path=self.path, line=1) from None
+        self.cols = _resolve(header, MS_DETAIL_ALIASES)
+        if "name" not in self.cols or "dur" not in self.cols:
+            raise ProfileError("not a MindSpore aicore_intermediate detail table: no 'full_op_name' / "
+                               "'execution_time' column", path=self.path, line=1)
+        self.ncols = len(header)
+
+    @property
+    def line(self) -> int | None:
+        return self._line
+
+    def __iter__(self) -> Iterator[tuple]:
+        i_name, i_dur = self.cols["name"], self.cols["dur"]
+        with _open_text(self.path) as f:
+            reader = csv.reader(f)
+            next(reader, None)
+            while True:
+                try:
+                    for row in reader:
+                        self._line = reader.line_num
+                        if not row:
+                            continue
+                        if len(row) != self.ncols:
+                            self.skip(f"{len(row)} fields, header has {self.ncols}", reader.line_num)
+                            continue
+                        try:
+                            ms = float(row[i_dur])
+                        except ValueError:
+                            self.skip("execution time is not a number", reader.line_num)
+                            continue
+                        if not (0.0 <= ms < 1e9):
+                            self.skip("execution time out of range", reader.line_num)
+                            continue
+                        yield (row[i_name], None, "AI_CORE", repr(ms * 1000.0), self.default_device, None,
+                               None, None, None, None, None, None, None)
                     break
                 except csv.Error as e:
                     self.skip(f"malformed CSV: {str(e)[:60]}", reader.line_num)
@@ -518,7 +630,10 @@ class DbOpStream(TableStream):
 
     def _connect(self) -> sqlite3.Connection:
         uri = Path(os.path.abspath(self.path)).as_uri() + "?mode=ro&immutable=1"
-        return sqlite3.connect(uri, uri=True)
+        con = sqlite3.connect(uri, uri=True)
+        # text that is not UTF-8 (a table name, a kernel name) is read with U+FFFD, not a failed file
+        con.text_factory = lambda b: b.decode("utf-8", errors="replace")
+        return con
 
     @staticmethod
     def _columns(con: sqlite3.Connection, table: str) -> set[str]:
@@ -600,98 +715,329 @@ def _s(v) -> str | None:
 # ---------------------------------------------------------------------------------------------------
 # Chrome-trace timelines (msprof.md §6)
 
-#: hardware task types that are device compute in a timeline (msprof.md §6.2); others are excluded
+#: hardware task types that are device compute in a timeline (msprof.md §6.2; ``Other`` is what real
+#: torch_npu timelines carry on their kernels); others (sync, memcpy, communication tasks) are excluded
 TIMELINE_COMPUTE = frozenset({"AI_CORE", "AI_VECTOR_CORE", "MIX_AIC", "MIX_AIV", "AI_CPU", "DSA_SQE",
                               "KERNEL_AICORE", "KERNEL_AIVEC", "KERNEL_AICPU", "KERNEL_MIX_AIC",
                               "KERNEL_MIX_AIV", "FFTS_PLUS", "Other"})
+#: the step-trace spans of raw CANN 6.x timelines, in a thread named like ``Step Trace(Model ID:2)``:
+#: markers, not kernels
+STEP_SPAN = re.compile(r"^(Iteration Refresh|Iteration|FP_BP Time|Reduce)[ _]?\d+(?:_\d+)*$")
+_STEP_THREAD = re.compile(r"^\s*step\s*trace", re.IGNORECASE)
+#: the HCCL planes are parallel sub-tasks of one collective (CANN 6.x ``Plane 0`` … ``Plane 3`` threads)
+_PLANE_THREAD = re.compile(r"^\s*plane\s*\d+", re.IGNORECASE)
+_NPU_LABEL = re.compile(r"^\s*NPU\s*(\d+)\s*$")
+_DEVICE_DIR = re.compile(r"(?:^|/)device_(\d+)(?:/|$)")
+_MAX_KEYS = 65_536               # processes / threads / (pid, tid) pairs tracked: bounded memory
+
+
+def step_kind(name: str) -> str | None:
+    """``"Iteration 3"`` → ``"Iteration"``, ``"Reduce_1_2"`` → ``"Reduce"``; None for a kernel name.
+
+    >>> [step_kind(n) for n in ("Iteration 3", "FP_BP Time 3", "Iteration Refresh 3", "Reduce_1_2", "Add_3")]
+    ['Iteration', 'FP_BP Time', 'Iteration Refresh', 'Reduce', None]
+    """
+    m = STEP_SPAN.match(name)
+    return m.group(1) if m else None
+
+
+def _key(v) -> int | str | None:
+    """A pid/tid usable as a key: an int or a string (JSON numbers like 1.0 as ints); else None."""
+    if isinstance(v, bool):
+        return None
+    if isinstance(v, int):
+        return v
+    if isinstance(v, float) and v.is_integer() and abs(v) < 2 ** 53:
+        return int(v)
+    if isinstance(v, str):
+        return v
+    return None
 
 
 class TraceOpStream(TableStream):
-    """trace_view.json / msprof_*.json: ``X`` events of the ``Ascend Hardware`` process (kernels) and of
-    the ``HCCL`` process (communication). There is no op type in a timeline: classify by name."""
+    """trace_view.json / msprof_*.json (device_N/timeline/ included): ``X`` events of the
+    ``Ascend Hardware`` process that are kernel tasks, and the collectives of the ``HCCL`` process.
+
+    Read as a stream (:mod:`._jsonstream`) in two passes: the first takes the process and thread names
+    and checks that each thread's events are in time order, the second yields the events. Memory stays
+    bounded whatever the file size when events are in time order per thread (as msprof and torch_npu
+    write them); otherwise the device events are sorted in memory, one small tuple each.
+
+    Left out of compute, and said so in ``notes``: device tasks that are not kernels (sync, memcpy,
+    communication tasks, no ``Task Type``), and the step-trace spans (``Iteration N``, ``FP_BP Time N``,
+    ``Iteration Refresh N``, ``Reduce_N_M``), which are kept in ``steps`` as {kind: [count, total µs]}
+    per device. Communication counts each collective once: the per-plane sub-tasks of the HCCL planes
+    run in parallel with their collective and are not added; a timeline with planes only counts the
+    union of the plane tasks' intervals. There is no op type in a timeline: classify by name.
+
+    Devices are the device id: from the process label ``NPU n``, else the ``device_N`` folder of the
+    file, else the low 5 bits of msprof's pid (``pid = hostPid << 10 | layer << 5 | deviceId``).
+    """
 
     def __init__(self, path: str | os.PathLike):
         super().__init__(path)
         self.has_op_type = False
         self.has_formats = False
         self._row = 0
-        self._events: list | None = None
 
     @property
     def line(self) -> int | None:
         return self._row
 
-    def _load(self) -> list:
-        try:
-            with open(self.path, "rb") as f:
-                data = json.load(f)
-        except (OSError, ValueError, RecursionError) as e:
-            raise ProfileError(f"not a JSON timeline ({str(e)[:80]})", path=self.path,
-                               hint="give trace_view.json or msprof_*.json") from e
-        if isinstance(data, dict):
-            data = data.get("traceEvents")
-        if not isinstance(data, list):
-            raise ProfileError("not a Chrome-trace timeline (no event list)", path=self.path)
-        return data
+    def _events(self) -> Iterator[tuple[int, dict]]:
+        for i, e in enumerate(iter_events(self.path), 1):
+            if isinstance(e, dict):
+                yield i, e
+
+    def _scan(self):
+        """Pass 1: process and thread names, labels; whether each thread's X events are in time order."""
+        procs: dict = {}
+        labels: dict = {}
+        threads: dict = {}
+        last_ts: dict = {}
+        ordered = True
+        for _i, e in self._events():
+            ph = e.get("ph")
+            if ph == "X":
+                if not ordered:
+                    continue
+                pid, tid, ts = e.get("pid"), e.get("tid"), e.get("ts")
+                # the common types directly (this loop sees every event of the file); the rest as below
+                k = (pid if type(pid) is int else _key(pid), tid if type(tid) is int else _key(tid))
+                try:
+                    ts = float(ts) if type(ts) is str else _num(ts)
+                except ValueError:
+                    continue
+                if ts is None or ts != ts:
+                    continue
+                prev = last_ts.get(k)
+                if prev is None:
+                    if len(last_ts) >= _MAX_KEYS:
+                        ordered = False
+                        continue
+                    last_ts[k] = ts
+                elif ts < prev:
+                    ordered = False
+                else:
+                    last_ts[k] = ts
+            elif ph == "M":
+                pid = _key(e.get("pid"))
+                args = e.get("args")
+                if pid is None or not isinstance(args, dict) or len(procs) + len(labels) >= 2 * _MAX_KEYS:
+                    continue
+                what = e.get("name")
+                if what == "process_name" and isinstance(args.get("name"), str):
+                    procs[pid] = args["name"]
+                elif what == "process_labels" and isinstance(args.get("labels"), str):
+                    labels[pid] = args["labels"]
+                elif what == "thread_name" and isinstance(args.get("name"), str):
+                    tid = _key(e.get("tid"))
+                    if tid is not None and len(threads) < _MAX_KEYS:
+                        threads[(pid, tid)] = args["name"]
+        return procs, labels, threads, ordered
+
+    def _devices(self, hw: set, labels: dict) -> dict:
+        m = _DEVICE_DIR.search(Path(self.path).parent.parent.as_posix() + "/")
+        folder = m.group(1) if m else None
+        out = {}
+        for pid in hw:
+            lab = _NPU_LABEL.match(labels.get(pid, ""))
+            if lab:
+                out[pid] = lab.group(1)
+            elif folder is not None:
+                out[pid] = folder
+            elif isinstance(pid, int) and pid >= 0:
+                out[pid] = str(pid & 31)
+            else:
+                out[pid] = str(pid)
+        return out
 
     def __iter__(self) -> Iterator[tuple]:
-        events = self._load()
-        hw: set = set()
-        comm: set = set()
-        for e in events:
-            if isinstance(e, dict) and e.get("ph") == "M" and e.get("name") == "process_name":
-                args = e.get("args")
-                pname = args.get("name") if isinstance(args, dict) else None
-                if not isinstance(e.get("pid"), (int, str)):
-                    continue
-                if pname == "Ascend Hardware":
-                    hw.add(e.get("pid"))
-                elif isinstance(pname, str) and pname.upper().startswith(("HCCL", "COMMUNICATION")):
-                    comm.add(e.get("pid"))
+        procs, labels, threads, ordered = self._scan()
+        hw = {p for p, n in procs.items() if n == "Ascend Hardware"}
+        comm = {p for p, n in procs.items() if n.upper().startswith(("HCCL", "COMMUNICATION"))}
         if not hw:
             raise ProfileError("no 'Ascend Hardware' process in the timeline: no device kernels to analyse",
                                path=self.path, hint="use the profile's kernel_details.csv or op_summary")
-        picked = []
-        for i, e in enumerate(events):
-            if not isinstance(e, dict) or e.get("ph") != "X":
-                continue
-            pid = e.get("pid")
-            if not isinstance(pid, (int, str)) or (pid not in hw and pid not in comm):
-                continue
-            try:
-                ts = float(str(e.get("ts")).strip())
-                dur = float(e.get("dur"))
-            except (TypeError, ValueError):
-                self.skip("ts or dur is not a number", i + 1)
-                continue
-            if not (0.0 <= dur < 1e13) or ts != ts:
-                self.skip("duration out of range", i + 1)
-                continue
-            picked.append((pid, e.get("tid"), ts, dur, i + 1, e))
-        picked.sort(key=lambda p: (str(p[0]), str(p[1]), p[2]))
+        device = self._devices(hw, labels)
+        comm_dev = self._devices(comm, labels)
         excluded: dict[str, int] = {}
-        for pid, tid, ts, dur, idx, e in picked:
+        planes: dict = {}                 # device -> [(ts, dur)] of HCCL plane sub-tasks
+        collectives: set = set()          # devices with collective-level events (in any comm process)
+        self.steps = {}
+
+        def records():
+            for idx, e in self._events():
+                if e.get("ph") != "X":
+                    continue
+                pid = _key(e.get("pid"))
+                if pid is None or (pid not in hw and pid not in comm):
+                    continue
+                ts = _num(e.get("ts"))
+                dur = _num(e.get("dur"))
+                if ts is None or dur is None:
+                    self.skip("ts or dur missing, not a number or not finite", idx)
+                    continue
+                if not (0.0 <= dur < 1e13) or not (-1e18 < ts < 1e18):
+                    self.skip("duration out of range", idx)
+                    continue
+                yield pid, _key(e.get("tid")), ts, dur, idx, e
+
+        def sorted_records():
+            picked = [(str(p), str(t), ts, idx, p, t, dur, _compact(e)) for p, t, ts, dur, idx, e in records()]
+            picked.sort(key=lambda r: r[:4])
+            for _sp, _st, ts, idx, p, t, dur, e in picked:
+                yield p, t, ts, dur, idx, e
+
+        for pid, tid, ts, dur, idx, e in (records() if ordered else sorted_records()):
             self._row = idx
             name = e.get("name")
             name = str(name) if name is not None else None
             args = e.get("args") if isinstance(e.get("args"), dict) else {}
+            tname = threads.get((pid, tid), "")
             if pid in comm:
-                core = "COMMUNICATION"
-            else:
-                tt = args.get("Task Type")
-                core = str(tt) if tt is not None else None
-                if core is not None and core not in TIMELINE_COMPUTE:
-                    excluded[core] = excluded.get(core, 0) + 1
+                if _PLANE_THREAD.match(tname):
+                    planes.setdefault(comm_dev[pid], []).append((ts, dur))
                     continue
-                if name and name.upper().startswith("MEMCPY"):
-                    excluded["memcpy"] = excluded.get("memcpy", 0) + 1
-                    continue
+                collectives.add(comm_dev[pid])
+                yield (name or "hcom_op", None, "COMMUNICATION", repr(dur), comm_dev[pid], _s(tid), None,
+                       None, None, None, None, None, repr(ts))
+                continue
+            dev = device[pid]
+            kind = step_kind(name) if name else None
+            if kind is not None or _STEP_THREAD.match(tname):
+                s = self.steps.setdefault(dev, {}).setdefault(kind or "step trace", [0, 0.0])
+                s[0] += 1
+                s[1] += dur
+                continue
+            tt = args.get("Task Type")
+            core = str(tt) if tt is not None else None
+            if core is None:
+                excluded["no Task Type"] = excluded.get("no Task Type", 0) + 1
+                continue
+            if core not in TIMELINE_COMPUTE and not core.startswith("MIX_"):
+                excluded[core] = excluded.get(core, 0) + 1
+                continue
+            if name and name.upper().startswith("MEMCPY"):
+                excluded["memcpy"] = excluded.get("memcpy", 0) + 1
+                continue
             stream = args.get("Stream Id", args.get("Physic Stream Id", tid))
-            yield (name, None, core, repr(dur), str(pid), _s(stream), None, None, None, None, None,
+            yield (name, None, core, repr(dur), dev, _s(stream), None, None, None, None, None,
                    None, repr(ts))
+        for dev, spans in planes.items():
+            if dev in collectives:
+                n = len(spans)
+                self.notes.append(f"{self.path}: {n} HCCL plane sub-task{'s' if n > 1 else ''} not added to "
+                                  "communication (they run inside their collective)")
+                continue
+            # no collective-level events: the communication time is the union of the plane tasks
+            for start, length in _union(spans):
+                yield ("hccl (union of plane tasks)", None, "COMMUNICATION", repr(length), dev, None,
+                       None, None, None, None, None, None, repr(start))
         if excluded:
             what = ", ".join(f"{n} {k}" for k, n in sorted(excluded.items()))
             self.notes.append(f"{self.path}: left out non-compute device tasks ({what})")
+        if self.steps:
+            n = sum(c for kinds in self.steps.values() for c, _t in kinds.values())
+            self.notes.append(f"{self.path}: {n} step-trace span{'s' if n > 1 else ''} (Iteration, FP_BP Time, "
+                              "…) shown as steps, not counted as kernels")
+
+
+_MS_KERNEL_THREAD = re.compile(r"^\s*(stream\s*#?\s*\d+|ai\s*core\s*op)", re.IGNORECASE)
+_MS_AICPU_THREAD = re.compile(r"^\s*ai\s*cpu\s*op", re.IGNORECASE)
+_MS_COMM_THREAD = re.compile(r"^\s*(pure\s+)?communication\s*op", re.IGNORECASE)
+_MS_STEP_THREAD = re.compile(r"^\s*steps?\s*$", re.IGNORECASE)
+
+
+class MsTimelineStream(TraceOpStream):
+    """MindSpore 1.x ``timeline_display_{dev}.json`` (Chrome trace, µs). Its threads are named for what
+    they hold: ``Stream #N`` / ``AI Core Op`` (AI Core kernels), ``AI CPU Op``, ``Communication Op`` /
+    ``Pure Communication Op`` (collectives), ``Steps`` (step spans); the rest (``Merged …`` summaries of
+    the same time, ``Free Time``, ``Scope Name`` levels, host ops) is not device compute and is left out.
+    The thread names are MindSpore 1.x's as publicly known; msprof.md does not document this file."""
+
+    def __iter__(self) -> Iterator[tuple]:
+        _procs, _labels, threads, ordered = self._scan()
+        m = re.match(r"^timeline_display_(\d+)\.json$", Path(self.path).name)
+        dev = m.group(1) if m else None
+        roles = {}
+        for key, tname in threads.items():
+            if _MS_KERNEL_THREAD.match(tname):
+                roles[key] = "AI_CORE"
+            elif _MS_AICPU_THREAD.match(tname):
+                roles[key] = "AI_CPU"
+            elif _MS_COMM_THREAD.match(tname):
+                roles[key] = "COMMUNICATION"
+            elif _MS_STEP_THREAD.match(tname):
+                roles[key] = "step"
+        if not any(r in ("AI_CORE", "AI_CPU") for r in roles.values()):
+            raise ProfileError("no 'Stream #N' / 'AI Core Op' / 'AI CPU Op' thread in this MindSpore timeline: "
+                               "no device kernels to analyse", path=self.path,
+                               hint="use aicore_intermediate_*_type.csv from the same folder")
+        self.steps = {}
+        left_out = 0
+        rows = []
+        for idx, e in self._events():
+            if e.get("ph") != "X":
+                continue
+            role = roles.get((_key(e.get("pid")), _key(e.get("tid"))))
+            if role is None:
+                left_out += 1
+                continue
+            ts, dur = _num(e.get("ts")), _num(e.get("dur"))
+            if ts is None or dur is None or not (0.0 <= dur < 1e13):
+                self.skip("ts or dur missing, not a number or not finite", idx)
+                continue
+            name = e.get("name")
+            name = str(name) if name is not None else None
+            if role == "step":
+                st = self.steps.setdefault(dev or "-", {}).setdefault("Step", [0, 0.0])
+                st[0] += 1
+                st[1] += dur
+                continue
+            rec = (name, None, role, repr(dur), dev, _s(e.get("tid")), None, None, None, None, None, None,
+                   repr(ts))
+            if ordered:
+                self._row = idx
+                yield rec
+            else:
+                rows.append((str(e.get("tid")), ts, idx, rec))
+        rows.sort(key=lambda r: r[:3])
+        for _t, _ts, idx, rec in rows:
+            self._row = idx
+            yield rec
+        if left_out:
+            self.notes.append(f"{self.path}: left out {left_out} events of threads that are not device kernels "
+                              "(merged summaries, free time, scopes, host ops)")
+
+
+def _num(v) -> float | None:
+    """A finite float from a JSON number or a numeric string (``ts`` is a decimal string in µs)."""
+    try:
+        x = float(v.strip()) if isinstance(v, str) else float(v) if isinstance(v, (int, float)) else None
+    except (ValueError, OverflowError):   # a 400-digit integer
+        return None
+    if x is None or x != x or x in (float("inf"), float("-inf")) or isinstance(v, bool):
+        return None
+    return x
+
+
+def _compact(e: dict) -> dict:
+    """The part of an event the stream uses, for the sorted path (a small dict instead of the event)."""
+    args = e.get("args") if isinstance(e.get("args"), dict) else {}
+    keep = {k: args[k] for k in ("Task Type", "Stream Id", "Physic Stream Id") if k in args}
+    return {"name": e.get("name"), "args": keep}
+
+
+def _union(spans: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    out: list[list[float]] = []
+    for start, length in sorted(spans):
+        end = start + length
+        if out and start <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], end)
+        else:
+            out.append([start, end])
+    return [(a, b - a) for a, b in out]
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -699,18 +1045,29 @@ class TraceOpStream(TableStream):
 def open_table(path: str | os.PathLike, kind: str | None = None) -> TableStream:
     """Open one profiler file as a stream: CSV op table, op_statistic CSV, SQLite export or timeline.
 
-    ``kind`` is ``"csv"``, ``"stats"``, ``"db"``, ``"trace"`` or None (decide from the content).
+    ``kind`` is ``"csv"``, ``"stats"``, ``"db"``, ``"trace"``, ``"ms_type"`` / ``"ms_detail"`` (MindSpore 1.x
+    aicore_intermediate tables) or None (decide from the name and content).
     """
     p = str(path)
     if kind is None:
         if is_sqlite(p):
             kind = "db"
+        elif re.match(r"^timeline_display_\d+\.json$", Path(p).name):
+            kind = "ms_trace"
         elif p.lower().endswith(".json"):
             kind = "trace"
+        elif _MS_FILE.match(Path(p).name):
+            kind = "ms_type" if p.endswith("_type.csv") else "ms_detail"
         else:
             kind = "stats" if sniff_csv(p) == "stats" else "csv"
     if kind == "db":
         return DbOpStream(p)
+    if kind == "ms_type":
+        return MsTypeStream(p)
+    if kind == "ms_detail":
+        return MsDetailStream(p)
+    if kind == "ms_trace":
+        return MsTimelineStream(p)
     if kind == "trace":
         return TraceOpStream(p)
     if kind == "stats":

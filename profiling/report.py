@@ -32,7 +32,11 @@ JSON schema ``npu-deploy/profile-report``, version 1 (``ProfileReport.to_json``)
 ``round_trips``        [{label (A→B→A), formats: [A, B], shape, count, saved_us, saved_pct, between,
                        examples: [[first, second]]}]
 ``suggestions``        [{id, title, detail, evidence}]
-``devices``            [{device, compute_us, formattrans_us, share_pct}] when several devices
+``devices``            [{device, compute_us, formattrans_us, share_pct, capture, flagged}] when several
+                       captures or devices: one verdict each (``device`` is ``device_0``, or
+                       ``<capture>: device_0`` with several captures); one flagged flags the report
+``steps``              [{device, kind, count, total_us, mean_us}]: step-trace spans of raw CANN 6.x
+                       timelines (``Iteration``, ``FP_BP Time``, ``Iteration Refresh``, ``Reduce``)
 ``cross_checks``       ``op_statistic_transdata_pct`` (from op_statistic when present),
                        ``msprof_analyze_name_rule_pct`` (kernel name contains cast|transdata|transpose)
 ``classified_by_name`` rows without an op type, classified by kernel name
@@ -51,6 +55,7 @@ import os
 import re
 
 from npu_deploy._io import atomic_write
+from npu_deploy._text import printable
 from npu_deploy.profiling.analyze import ConversionKind, ProfileReport
 
 
@@ -73,9 +78,18 @@ def _clip(text: str | None, n: int) -> str:
 
 
 def render_text(r: ProfileReport, *, top: int = 10, width: int = 100) -> str:
-    """The terminal summary: verdict first, then shares, conversion kinds, top instances, round trips,
-    suggestions."""
-    lines = [r.verdict()]
+    """The terminal summary: verdict first (with several captures or devices, one verdict each, then the
+    summary), then shares, conversion kinds, top instances, round trips, suggestions.
+
+    Names come from a stranger's file: control characters in them are escaped, so they cannot drive the
+    terminal."""
+    lines = []
+    if r.devices:
+        for d in r.devices:
+            lines.append(d.verdict(r.threshold_pct))
+        lines.append("Summary: " + r.verdict())
+    else:
+        lines.append(r.verdict())
     tp_note = ("included in FormatTrans (--no-include-transpose leaves it out)" if r.include_transpose
                else "not included (--include-transpose counts it)")
     lines.append(f"  TransData {r.transdata_pct:.1f} % ({fmt_us(r.transdata_us)}, {r.transdata_ops} ops)")
@@ -97,10 +111,17 @@ def render_text(r: ProfileReport, *, top: int = 10, width: int = 100) -> str:
         lines.append(f"  Cross-check: {CROSS_CHECK_LABELS.get(key, key)}: {val:.1f} %")
     if r.devices:
         lines.append("")
-        lines.append("Devices")
+        lines.append("Captures / devices")
         dw = max([12] + [len(str(d.device)) for d in r.devices])  # capture labels can be long paths
         for d in r.devices:
-            lines.append(f"  {str(d.device):<{dw}} compute {fmt_us(d.compute_us):>10}  FormatTrans {d.share_pct:5.1f} %")
+            lines.append(f"  {str(d.device):<{dw}} compute {fmt_us(d.compute_us):>10}  FormatTrans {d.share_pct:5.1f} %"
+                         f"  {'FLAGGED' if d.flagged else 'ok'}")
+    if r.steps:
+        lines.append("")
+        lines.append("Steps (step-trace spans, not counted as compute)")
+        for st in r.steps[:4 * top]:
+            lines.append(f"  {_clip(st.device, 40):<12} {_clip(st.kind, 20):<18} ×{st.count:<5} "
+                         f"total {fmt_us(st.total_us):>10}  mean {fmt_us(st.mean_us):>10}")
     conv = [k for k in r.conversions if k.category in ("format", "layout")]
     casts = [k for k in r.conversions if k.category == "dtype"]
     if conv:
@@ -143,7 +164,7 @@ def render_text(r: ProfileReport, *, top: int = 10, width: int = 100) -> str:
         for s in r.suggestions:
             lines.append(f"  * {s.title}: {s.detail}")
             lines.append(f"    evidence: {s.evidence}")
-    return "\n".join(lines)
+    return "\n".join(printable(line) for line in lines)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -323,11 +344,20 @@ def render_html(r: ProfileReport, *, top: int = 15) -> str:
               f"<td class='num'>{a.share_pct:.1f} %</td><td>{_e(', '.join(a.dtypes))}</td></tr>")
         w("</table>")
     if r.devices:
-        w("<h2>Devices</h2><table><tr><th>device</th><th class='num'>compute</th><th class='num'>FormatTrans</th>"
-          "<th class='num'>share</th></tr>")
+        w("<h2>Captures / devices</h2><table><tr><th>capture / device</th><th class='num'>compute</th>"
+          "<th class='num'>FormatTrans</th><th class='num'>share</th><th>verdict</th></tr>")
         for d in r.devices:
             w(f"<tr><td>{_e(d.device)}</td><td class='num'>{_e(fmt_us(d.compute_us))}</td>"
-              f"<td class='num'>{_e(fmt_us(d.formattrans_us))}</td><td class='num'>{d.share_pct:.1f} %</td></tr>")
+              f"<td class='num'>{_e(fmt_us(d.formattrans_us))}</td><td class='num'>{d.share_pct:.1f} %</td>"
+              f"<td>{'<b>FLAGGED</b>' if d.flagged else 'ok'}</td></tr>")
+        w("</table>")
+    if r.steps:
+        w("<h2>Steps</h2><p class='small muted'>Step-trace spans of the timeline: markers of the step, not "
+          "kernels, so not in device compute.</p><table><tr><th>device</th><th>span</th>"
+          "<th class='num'>count</th><th class='num'>total</th><th class='num'>mean</th></tr>")
+        for st in r.steps:
+            w(f"<tr><td>{_e(st.device)}</td><td>{_e(st.kind)}</td><td class='num'>{st.count}</td>"
+              f"<td class='num'>{_e(fmt_us(st.total_us))}</td><td class='num'>{_e(fmt_us(st.mean_us))}</td></tr>")
         w("</table>")
     w("<h2>Sources</h2><ul class='small'>")
     for s in r.sources:

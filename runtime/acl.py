@@ -27,6 +27,7 @@ Every non-zero return code raises :class:`~npu_deploy.errors.AclError` naming th
 its meaning (:mod:`npu_deploy.runtime.acl_codes`). Resources are released in the documented order —
 buffers, datasets, model, desc, stream, then (last user of the device) context and device, and at
 interpreter exit ``acl.finalize`` — on :meth:`deactivate`, when activation fails half-way, and at exit.
+ACL stays initialised between sessions (pyACL allows one init/finalize per process).
 
 acllite: with ``api="auto"`` the backend uses ``acllite_model.AclLiteModel`` for loading and executing
 when the acllite folder is importable (flat modules on ``PYTHONPATH``) and the model is static or
@@ -36,8 +37,10 @@ would call ``acl.init`` a second time and tear down at garbage collection); inpu
 passed to acllite as ``{"data": ptr, "size": n}`` so they are freed (acllite leaks its own).
 
 Thread safety: a backend may be shared between threads; runs are serialised by the base class's lock
-and each run makes the device context current in the calling thread. For parallel runs use one
-backend (session) per thread.
+and each run makes the device context current in the calling thread for the run only
+(:func:`npu_deploy.runtime.device.using`): a thread that had its own ACL context is on it again
+afterwards, also after the last :meth:`deactivate`. For parallel runs use one backend (session) per
+thread.
 
 >>> from npu_deploy.runtime.acl import AclBackend            # doctest: +SKIP
 >>> with AclBackend("resnet50.om", device_id=0) as b:        # doctest: +SKIP
@@ -46,6 +49,7 @@ backend (session) per thread.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib
 import math
@@ -216,6 +220,10 @@ class AclBackend(Backend):
         device.acquire(self.device_id)
         self._acquired = True
         device.register(self)
+        with device.using(self.device_id):
+            self._activate_on_device(acl)
+
+    def _activate_on_device(self, acl: Any) -> None:
         stream, ret = acl.rt.create_stream()
         check("acl.rt.create_stream", ret)
         self._stream = stream
@@ -257,11 +265,30 @@ class AclBackend(Backend):
             if ret != 0:
                 errors.append(error_for(call, ret, context=str(self.path)))
 
+        try:
+            with contextlib.ExitStack() as stack:
+                if self._acquired:
+                    try:
+                        stack.enter_context(device.using(self.device_id))
+                    except Exception as e:
+                        errors.append(e)
+                self._release_on_device(step, errors)
+        except Exception as e:  # putting the caller's context back failed: still release the device
+            errors.append(e)
+        device.unregister(self)
         if self._acquired:
+            self._acquired = False
             try:
-                device.use(self.device_id)
+                device.release(self.device_id)
             except Exception as e:
                 errors.append(e)
+        self._mbatch = None
+        if errors:
+            raise errors[0]
+
+    def _release_on_device(self, step, errors: list[Exception]) -> None:
+        """Free buffers, datasets, the model, its desc and the stream (our context is current)."""
+        acl = self._acl
         for ds_attr, tensors in (("_in_ds", self._inputs + ([self._mbatch] if self._mbatch else [])),
                                  ("_out_ds", self._outputs)):
             for t in tensors:
@@ -290,16 +317,6 @@ class AclBackend(Backend):
         if self._stream:
             step("acl.rt.destroy_stream", acl.rt.destroy_stream(self._stream))
             self._stream = 0
-        device.unregister(self)
-        if self._acquired:
-            self._acquired = False
-            try:
-                device.release(self.device_id)
-            except Exception as e:
-                errors.append(e)
-        self._mbatch = None
-        if errors:
-            raise errors[0]
 
     # ------------------------------------------------------------------ loading: pyACL
     def _load_pyacl(self) -> None:
@@ -564,10 +581,14 @@ class AclBackend(Backend):
     # ------------------------------------------------------------------ running
     def _run_validated(self, output_names: list[str], feeds: dict[str, np.ndarray], *,
                        gear: Gear | None) -> list[np.ndarray]:
+        with device.using(self.device_id):
+            return self._run_on_device(output_names, feeds, gear)
+
+    def _run_on_device(self, output_names: list[str], feeds: dict[str, np.ndarray],
+                       gear: Gear | None) -> list[np.ndarray]:
         acl = self._acl
         from npu_deploy.converters import formats
 
-        device.use(self.device_id)
         keep: list[np.ndarray] = []
         with self._phase("h2d"):
             for t in self._inputs:

@@ -11,6 +11,10 @@ target (a bundle on the CPU emulator, an ``.om`` on a device), and judges every 
   an infinity matches the same infinity),
 * NaN / Inf counts on both sides.
 
+Cosine, errors and RMSE are computed over the elements finite on both sides; when there is none (an
+output that is all NaN), they are ``None`` ("n/a" in the table) and the output fails: a broken output
+never looks perfect.
+
 An output passes when its shapes agree, the share of elements outside the tolerance is at most
 ``max_outside``, the target has no NaN/Inf the reference lacks, and (when ``cosine_min`` is set) the
 cosine is at least ``cosine_min``. Defaults follow the target's precision mode: ``atol=1e-4,
@@ -27,13 +31,16 @@ of PP-OCR det in fp16 has a handful of elements 0.015 off among 50,000).
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from npu_deploy._io import atomic_path, load_npz
 from npu_deploy._result import Result
+from npu_deploy._text import printable
 from npu_deploy.errors import InputError, ModelError
 
 FP32_TOLERANCE = {"atol": 1e-4, "rtol": 1e-3, "cosine_min": None, "max_outside": 0.0}
@@ -59,6 +66,7 @@ class OutputComparison:
     nan_target: int = 0
     inf_ref: int = 0
     inf_target: int = 0
+    finite: int = 0  # elements finite on both sides: the cosine, errors and RMSE are over these
     passed: bool = False
     reason: str = ""
 
@@ -104,7 +112,7 @@ class CompareResult(Result):
             return f"PASS: {n}/{n} outputs within {tol}{cos}"
         bad = self.failures()
         first = bad[0]
-        return f"FAIL: {len(bad)}/{n} outputs outside {tol}; '{first.name}': {first.reason}"
+        return f"FAIL: {len(bad)}/{n} outputs outside {tol}; '{printable(first.name)}': {first.reason}"
 
     @classmethod
     def from_dict(cls, d: dict) -> "CompareResult":
@@ -119,24 +127,47 @@ class CompareResult(Result):
     def table(self) -> str:
         """Per-output metrics as an aligned text table."""
         shapes = ["x".join(map(str, o.target_shape)) or "scalar" for o in self.outputs]
-        nw = max([24, *(len(o.name) for o in self.outputs)])  # whole names: two may share a long prefix
+        nw = max([24, *(len(printable(o.name)) for o in self.outputs)])  # whole names: two may share a long prefix
         sw = max([18, *(len(s) for s in shapes)])
         head = (f"{'output':{nw}s} {'shape':>{sw}s} {'cosine':>10s} {'max_abs':>10s} {'max_rel':>10s} "
                 f"{'rmse':>10s} {'outside':>9s} {'nan/inf':>9s}  result")
         lines = [head]
+        names = [printable(o.name) for o in self.outputs]
 
         def f(v, spec=".3e"):
-            return "-" if v is None else format(v, spec)
+            return "n/a" if v is None else format(v, spec)
 
-        for o, shape in zip(self.outputs, shapes):
+        for o, name, shape in zip(self.outputs, names, shapes):
             naninf = f"{o.nan_target}/{o.inf_target}"
-            lines.append(f"{o.name:{nw}s} {shape:>{sw}s} {f(o.cosine, '.6f'):>10s} {f(o.max_abs):>10s} "
+            lines.append(f"{name:{nw}s} {shape:>{sw}s} {f(o.cosine, '.6f'):>10s} {f(o.max_abs):>10s} "
                          f"{f(o.max_rel):>10s} {f(o.rmse):>10s} {o.outside_share * 100:8.3f}% {naninf:>9s}  "
                          + ("ok" if o.passed else "FAIL " + o.reason))
         return "\n".join(lines)
 
 
 # ----------------------------------------------------------------------------------------- metrics
+def check_thresholds(*, atol: float | None = None, rtol: float | None = None, cosine_min: float | None = None,
+                     max_outside: float | None = None) -> None:
+    """Refuse (``InputError``, exit 2) thresholds that cannot judge anything: a tolerance that is NaN,
+    infinite or negative, a share outside [0, 1], a cosine outside [-1, 1]. NaN fails every test here.
+
+    >>> check_thresholds(atol=float("nan"))
+    Traceback (most recent call last):
+    ...
+    npu_deploy.errors.InputError: atol=nan is not a tolerance: it must be a finite number >= 0 (e.g. --atol 1e-3)
+    """
+    for name, v in (("atol", atol), ("rtol", rtol)):
+        if v is not None and not (math.isfinite(float(v)) and float(v) >= 0):
+            raise InputError(f"{name}={v} is not a tolerance: it must be a finite number >= 0",
+                             hint=f"e.g. --{name} 1e-3")
+    if max_outside is not None and not 0.0 <= float(max_outside) <= 1.0:
+        raise InputError(f"max_outside {max_outside} must be a share between 0 and 1",
+                         hint="e.g. 0.001 allows 0.1 % of elements outside atol/rtol")
+    if cosine_min is not None and not -1.0 <= float(cosine_min) <= 1.0:
+        raise InputError(f"cosine_min {cosine_min} is not a cosine (between -1 and 1)",
+                         hint="e.g. --cosine-min 0.999")
+
+
 def compare_arrays(name: str, ref: np.ndarray, target: np.ndarray, *, atol: float, rtol: float,
                    cosine_min: float | None = None, max_outside: float = 0.0) -> OutputComparison:
     """Metrics and pass/fail for one output pair.
@@ -167,13 +198,14 @@ def compare_arrays(name: str, ref: np.ndarray, target: np.ndarray, *, atol: floa
     oc.outside = int(close.size - np.count_nonzero(close))
     oc.outside_share = oc.outside / close.size if close.size else 0.0
     finite = np.isfinite(r) & np.isfinite(t)
-    if r.size:
-        diff = np.abs(t[finite] - r[finite])
-        oc.max_abs = float(diff.max()) if diff.size else 0.0
-        oc.rmse = float(np.sqrt(np.mean(diff * diff))) if diff.size else 0.0
-        nz = r[finite] != 0
-        oc.max_rel = float((diff[nz] / np.abs(r[finite][nz])).max()) if nz.any() else 0.0
+    oc.finite = int(np.count_nonzero(finite))
+    if oc.finite:  # the metrics are over the elements finite on both sides (NaN/Inf are counted apart)
         rf, tf = r[finite], t[finite]
+        diff = np.abs(tf - rf)
+        oc.max_abs = float(diff.max())
+        oc.rmse = float(np.sqrt(np.mean(diff * diff)))
+        nz = rf != 0
+        oc.max_rel = float((diff[nz] / np.abs(rf[nz])).max()) if nz.any() else 0.0
         nr, nt = np.linalg.norm(rf), np.linalg.norm(tf)
         if nr == 0 and nt == 0:
             oc.cosine = 1.0
@@ -181,13 +213,18 @@ def compare_arrays(name: str, ref: np.ndarray, target: np.ndarray, *, atol: floa
             oc.cosine = 0.0
         else:
             oc.cosine = float(np.dot(rf / nr, tf / nt))
-    else:
+    elif not r.size:  # an empty output: nothing differs
         oc.max_abs = oc.rmse = oc.max_rel = 0.0
         oc.cosine = 1.0
+    # else: no element is finite on both sides; every metric is n/a (None), never a perfect-looking 1.0
     reasons = []
+    if r.size and not oc.finite:
+        reasons.append(f"no element is finite on both sides (target {oc.nan_target} NaN / {oc.inf_target} Inf, "
+                       f"reference {oc.nan_ref} / {oc.inf_ref}): metrics n/a")
     if oc.outside and oc.outside_share > max_outside:
+        worst = f", max abs error {oc.max_abs:.3g}" if oc.max_abs is not None else ""
         reasons.append(f"{oc.outside} of {close.size} elements ({oc.outside_share * 100:.3g} %) outside "
-                       f"tolerance, max abs error {oc.max_abs:.3g}")
+                       f"tolerance{worst}")
     if oc.nan_target > oc.nan_ref or oc.inf_target > oc.inf_ref:
         reasons.append(f"target has {oc.nan_target} NaN / {oc.inf_target} Inf "
                        f"(reference {oc.nan_ref} / {oc.inf_ref})")
@@ -236,24 +273,17 @@ def generate_inputs(metas: Sequence[Any], *, seed: int = 0,
 
 def save_inputs(path: str | os.PathLike, feeds: Mapping[str, np.ndarray]) -> None:
     """Write feeds to an ``.npz`` (atomically) so that a failing case can be replayed."""
-    from npu_deploy._io import atomic_path
-
     with atomic_path(path) as tmp:
         with open(tmp, "wb") as f:
             np.savez(f, **{k: np.asarray(v) for k, v in feeds.items()})
 
 
 def load_inputs(path: str | os.PathLike) -> dict[str, np.ndarray]:
-    """Read feeds from an ``.npz`` written by :func:`save_inputs` (no pickle)."""
+    """Read feeds from an ``.npz`` written by :func:`save_inputs` (no pickle, sizes checked first)."""
     p = Path(path)
     if not p.is_file():
         raise InputError(f"inputs file {p} does not exist", hint="give the .npz written by --save-inputs")
-    try:
-        with np.load(p, allow_pickle=False) as z:
-            return {k: z[k] for k in z.files}
-    except (ValueError, OSError) as e:
-        raise InputError(f"{p}: not a readable .npz of arrays ({e})",
-                         hint="give the .npz written by --save-inputs") from e
+    return load_npz(p)
 
 
 # ----------------------------------------------------------------------------------------- reference
@@ -371,14 +401,7 @@ def compare(reference_onnx: str | os.PathLike, target: Any, *,
         if cosine_min is None:
             cosine_min = defaults["cosine_min"]
         max_outside = defaults["max_outside"] if max_outside is None else float(max_outside)
-        if atol < 0 or rtol < 0:
-            raise InputError(f"tolerances must not be negative (atol={atol}, rtol={rtol})")
-        if not 0.0 <= max_outside <= 1.0:
-            raise InputError(f"max_outside {max_outside} must be a share between 0 and 1",
-                             hint="e.g. 0.001 allows 0.1 % of elements outside atol/rtol")
-        if cosine_min is not None and not -1.0 <= float(cosine_min) <= 1.0:
-            raise InputError(f"cosine_min {cosine_min} is not a cosine (between -1 and 1)",
-                             hint="e.g. --cosine-min 0.999")
+        check_thresholds(atol=atol, rtol=rtol, cosine_min=cosine_min, max_outside=max_outside)
         if inputs is None and seed is not None and (isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0):
             raise InputError(f"seed {seed!r} must be a non-negative integer", hint="e.g. --seed 0")
         tmetas = sess.get_inputs()

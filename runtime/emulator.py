@@ -161,8 +161,11 @@ class EmulatorBackend(Backend):
 
     def __init__(self, path: str | os.PathLike, *, profile: bool = False,
                  profile_dir: str | os.PathLike | None = None, record_device_buffers: bool = False,
-                 session_options: Any = None, symbolic_io: bool = True):
+                 session_options: Any = None, symbolic_io: bool = True, execute_plan: bool = True,
+                 literal: bool = False):
         super().__init__()
+        self.execute_plan = bool(execute_plan)
+        self.literal = bool(literal)
         self.path = Path(path)
         self.profile = bool(profile)
         self.profile_dir = Path(profile_dir) if profile_dir is not None else None
@@ -180,6 +183,11 @@ class EmulatorBackend(Backend):
         self._model: onnx.ModelProto | None = None
         self._run_starts: list[float] = []
         self.rounded_tensors: list[str] = []
+        # plan execution: the bundle's graph, the weights (logical) and one session per input shape set
+        self._graph: onnx.ModelProto | None = None
+        self._weights: dict[str, np.ndarray] = {}
+        self._plan_sessions: dict[tuple, tuple[Any, Any]] = {}
+        self.last_plan_graph: Any = None
         # metadata is available before activation (read once, cheaply) for get_inputs()
         self._load_metadata()
 
@@ -230,39 +238,63 @@ class EmulatorBackend(Backend):
 
     # ------------------------------------------------------------------ life cycle
     def _activate(self) -> None:
-        import onnxruntime as ort
-
         from npu_deploy.converters.bundle import read_bundle
 
         with read_bundle(self.path, verify=True) as bundle:
-            model = build_runnable_model(bundle)
-        static_model = model  # fixed shapes: what the estimated profile reports
-        self.rounded_tensors = [n.output[0][: -len("__npu_fp16")] for n in model.graph.node
-                                if n.op_type == "Cast" and n.output[0].endswith("__npu_fp16")]
+            weights = bundle_weights(bundle)
+            graph = onnx.ModelProto()
+            graph.CopyFrom(bundle.graph)
+        self._plan_sessions = {}
+        if self.execute_plan:
+            self._graph, self._weights = graph, weights
+            self._model = build_runnable_model(graph, self._manifest, weights) if self.profile else None
+            self._sess = None
+        else:
+            model = build_runnable_model(graph, self._manifest, weights)
+            self.rounded_tensors = [n.output[0][: -len("__npu_fp16")] for n in model.graph.node
+                                    if n.op_type == "Cast" and n.output[0].endswith("__npu_fp16")]
+            self._sess = self._session(model, symbolic=self.symbolic_io)
+            self._model = model if self.profile else None
+        self._run_starts = []
+
+    def _session(self, model: onnx.ModelProto, *, symbolic: bool) -> Any:
+        import onnxruntime as ort
+
         opts = self._session_options
         if opts is None:
             opts = ort.SessionOptions()
             opts.log_severity_level = 4  # failures come back as exceptions, reported in one line
-        self._sess = None
-        if self.symbolic_io:
+        if symbolic:
             try:
-                self._sess = ort.InferenceSession(symbolic_io_model(model).SerializeToString(), opts,
-                                                  providers=["CPUExecutionProvider"])
+                return ort.InferenceSession(symbolic_io_model(model).SerializeToString(), opts,
+                                            providers=["CPUExecutionProvider"])
             except Exception:  # e.g. context-dependent functions need the fixed shapes: use them
-                self._sess = None
+                pass
         try:
-            if self._sess is None:
-                self._sess = ort.InferenceSession(model.SerializeToString(), opts,
-                                                  providers=["CPUExecutionProvider"])
+            return ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
         except Exception as e:  # onnxruntime's own exception types
             raise ModelError(f"{self.path}: onnxruntime cannot run the lowered graph "
                              f"({str(e).splitlines()[0][:300]})",
                              hint="re-convert the model; if it persists this is a converter bug") from e
-        self._model = static_model if self.profile else None
-        self._run_starts = []
+
+    def plan_graph(self, shapes: dict[str, tuple[int, ...]], feeds: dict[str, np.ndarray] | None = None) -> Any:
+        """The plan-executing graph (:class:`~npu_deploy.runtime.executable.PlanGraph`) and its session
+        for one set of logical input shapes (graph layout), built on first use."""
+        from npu_deploy.runtime.executable import build_plan_graph
+
+        key = tuple(sorted((k, tuple(v)) for k, v in shapes.items()))
+        hit = self._plan_sessions.get(key)
+        if hit is None:
+            pg = build_plan_graph(self._graph, self._manifest, self._weights, shapes, literal=self.literal,
+                                  feeds=feeds)
+            hit = (pg, self._session(pg.model, symbolic=False))
+            self._plan_sessions[key] = hit
+        return hit
 
     def _deactivate(self) -> None:
         self._sess = None
+        self._plan_sessions = {}
+        self._graph, self._weights = None, {}
         try:
             if self.profile and self._run_starts:
                 self.profile_path = write_estimated_profile(
@@ -277,6 +309,41 @@ class EmulatorBackend(Backend):
                        gear: Gear | None) -> list[np.ndarray]:
         if self.profile and len(self._run_starts) < _MAX_PROFILED_RUNS:
             self._run_starts.append(time.time())
+        if not self.execute_plan:
+            return self._run_original(output_names, feeds)
+        device: dict[str, np.ndarray] = {}
+        with self._phase("h2d"):
+            for name, x in feeds.items():
+                t = self._in_transfers[name]
+                device[name] = x if t.identity else t.pack(x)
+        with self._phase("compute"):
+            pg, sess = self.plan_graph({n: self._in_transfers[n].graph_shape(x.shape) for n, x in feeds.items()},
+                                       {n: x for n, x in feeds.items() if self._in_transfers[n].identity
+                                        and self._in_transfers[n].graph_format is None})
+            self.last_plan_graph = pg
+            self.rounded_tensors = pg.rounded_tensors
+            try:
+                outs = sess.run([pg.outputs[n] for n in output_names],
+                                {pg.inputs[n]: d for n, d in device.items() if n in pg.inputs})
+            except Exception as e:
+                raise InputError(f"{self.path.name}: the emulator failed to run "
+                                 f"({str(e).splitlines()[0][:300]})",
+                                 hint="check the input values; re-run with --debug for details") from e
+        with self._phase("d2h"):
+            result = []
+            for name, d in zip(output_names, outs):
+                t = self._out_transfers[name]
+                host = d if t.identity else t.unpack(d, pg.output_shapes[name])
+                want = next(m.dtype for m in self._outputs if m.name == name)
+                result.append(host if host.dtype == want else host.astype(want))
+        if self.record_device_buffers:
+            device.update({f"output:{n}": d for n, d in zip(output_names, outs)})
+            self.last_device_buffers = device
+        return result
+
+    def _run_original(self, output_names: list[str], feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+        """Benchmarking mode (``execute_plan=False``): the original graph with fp16 rounding, layout
+        conversions only at the transfers; the plan's TransData are not run."""
         record = self.record_device_buffers
         device: dict[str, np.ndarray] = {}
         ort_feeds: dict[str, np.ndarray] = {}
@@ -323,21 +390,16 @@ def _graph_value_types(graph: onnx.GraphProto) -> dict[str, int]:
     return types
 
 
-def build_runnable_model(bundle: Any) -> onnx.ModelProto:
-    """The lowered graph with the weights put back (unpacked from their device formats) and float16
-    rounding inserted where the plan holds float tensors in float16/bfloat16.
-
-    A stored float16/bfloat16 weight whose graph type is float32 (or unknown under a float16
-    precision mode) becomes a float32 initializer holding the float16 values.
-    """
-    model = onnx.ModelProto()
-    model.CopyFrom(bundle.graph)
-    graph = model.graph
+def bundle_weights(bundle: Any) -> dict[str, np.ndarray]:
+    """Every weight of the blob as the graph reads it: unpacked from its device format to the logical
+    tensor (the format core) and cast to the graph's type (a stored float16/bfloat16 weight keeps its
+    float16 values). 0-d weights keep rank 0."""
+    graph = bundle.graph.graph
     man = bundle.manifest
     declared = _graph_value_types(graph)
     fp16_mode = man.get("precision_mode") in _FP16_MODES
     present = {i.name for i in graph.initializer}
-    new_inits = []
+    out: dict[str, np.ndarray] = {}
     for name, info in bundle.weights.items():
         if name in present:
             continue
@@ -355,9 +417,24 @@ def build_runnable_model(bundle: Any) -> onnx.ModelProto:
             target = arr.dtype
         if arr.dtype != target:
             arr = arr.astype(target)
-        new_inits.append(numpy_helper.from_array(np.ascontiguousarray(arr), name))
-    graph.initializer.extend(new_inits)
-    _insert_rounding(model, man)
+        out[name] = np.require(arr, requirements="C")  # (np.ascontiguousarray would make 0-d 1-d)
+    return out
+
+
+def build_runnable_model(graph: onnx.ModelProto, manifest: dict[str, Any],
+                         weights: dict[str, np.ndarray]) -> onnx.ModelProto:
+    """The original graph with the weights put back and float16 rounding inserted where the plan holds
+    float tensors in float16/bfloat16: the benchmarking mode (``execute_plan=False``) and the shapes
+    of the estimated profile. The plan itself is executed by :mod:`npu_deploy.runtime.executable`."""
+    from npu_deploy.runtime.executable import _fill_missing_optional_inputs
+
+    model = onnx.ModelProto()
+    model.CopyFrom(graph)
+    if model.ir_version < 4:
+        model.ir_version = 4
+    model.graph.initializer.extend(numpy_helper.from_array(a, n) for n, a in weights.items())
+    _fill_missing_optional_inputs(model.graph, weights)
+    _insert_rounding(model, manifest)
     return model
 
 
@@ -614,13 +691,9 @@ def write_estimated_profile(root: str | os.PathLike, manifest: dict[str, Any], m
     """Write ``root/PROF_<n>_<ts>_<id>/mindstudio_profiler_output/{op_summary,op_statistic}_<ts>.csv``
     and ``README.txt`` for the runs that started at ``run_starts`` (epoch seconds). Returns the
     ``PROF_*`` folder. The folder appears complete or not at all."""
-    root = Path(root)
-    if not root.is_dir():
-        try:
-            root.mkdir(parents=True, exist_ok=True)
-        except OSError as e:
-            raise InputError(f"cannot create profile folder {root}: {e.strerror}",
-                             hint="choose another --profile folder") from e
+    from npu_deploy import _io
+
+    root = _io.make_output_folder(root)  # a failure to create it is exit 3, naming the folder
     rows = profile_rows(manifest, model)
     now = time.time()
     lt = time.localtime(now)
@@ -667,6 +740,9 @@ def write_estimated_profile(root: str | os.PathLike, manifest: dict[str, Any], m
             f"Model: {manifest.get('source_model', 'unknown')}; precision mode: "
             f"{manifest.get('precision_mode', 'unknown')}; runs: {len(run_starts)}.\n", encoding="utf-8")
         os.replace(tmp, final)
+    except OSError as e:  # disk full, read-only folder: one line, exit 3, nothing half-written left
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise _io.output_error(final, e) from e
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

@@ -159,18 +159,12 @@ class NpuDeployLoweringBackend(NpuDeployBackend):
 
     @classmethod
     def _convert(cls, src: Path, out: Path, input_shapes: dict | None) -> None:
-        from npu_deploy.converters.convert import write_plan_bundle
-        from npu_deploy.converters.onnx_model import load_model
-        from npu_deploy.converters.planner import plan
-        from npu_deploy.converters.support import check_graph
+        from npu_deploy.converters import pipeline
+        from npu_deploy.converters.options import ConvertOptions
 
-        loaded = load_model(src, input_shapes=input_shapes)
-        opsets = {o.domain: o.version for o in loaded.model.opset_import}
-        static = {} if loaded.gears else {**{i.name: i.shape for i in loaded.inputs}, **loaded.shapes}
-        support = check_graph(loaded.model.graph, opsets, cls.soc, dtypes=loaded.dtypes, static_shapes=static,
-                              precision_mode=cls.precision_mode)
-        p = plan(loaded, soc=cls.soc, precision_mode=cls.precision_mode, support=support)
-        write_plan_bundle(out, loaded, p, support=support)
+        options = ConvertOptions(backend="builtin", soc=cls.soc, precision_mode=cls.precision_mode,
+                                 input_shapes=input_shapes)
+        pipeline.lower(src, out, options, gate=False)
 
 
 class _OrtRep(BackendRep):

@@ -100,3 +100,25 @@ def test_outputs_never_overwrite_the_models_compared(run_cli, files, tmp_path):
         code, _, err = run_cli("compare", ref, good, *args, *extra)
         assert code == 2 and ("overwrite" in err or "replace" in err) and "Traceback" not in err, err
     assert (ref.read_bytes(), good.read_bytes()) == before and not (tmp_path / "a").exists()
+
+
+def test_an_all_nan_output_fails_with_na_metrics_not_a_perfect_score(run_cli, tmp_path):
+    """sqrt(x - 2) on inputs in [0, 1) is NaN everywhere, on onnxruntime and on the emulator alike."""
+    from onnx import TensorProto, helper
+
+    two = numpy_helper.from_array(np.array(2.0, np.float32), "two")
+    g = helper.make_graph([helper.make_node("Sub", ["x", "two"], ["d"]), helper.make_node("Sqrt", ["d"], ["y"])],
+                          "nan", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 16])], [two])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, tmp_path / "nan.onnx")
+    bundle = make_bundle(tmp_path / "nan.bundle", model, inputs=[io_entry("x", [1, 16])],
+                         outputs=[io_entry("y", [1, 16])])
+    code, out, err = run_cli("compare", tmp_path / "nan.onnx", bundle, "--json", tmp_path / "c.json")
+    assert code == 1, err
+    row = next(line for line in out.splitlines() if line.startswith("y "))
+    assert "n/a" in row and "1.000000" not in row and "16/0" in row
+    assert out.strip().splitlines()[-1].startswith("FAIL") and "no element is finite" in out
+    d = json.loads((tmp_path / "c.json").read_text())
+    assert d["ok"] is False and d["outputs"][0]["cosine"] is None and d["outputs"][0]["nan_target"] == 16

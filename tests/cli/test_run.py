@@ -147,8 +147,11 @@ def test_outputs_whose_names_clash_after_sanitising_get_their_own_files(tmp_path
 
     a, b = np.zeros(2, np.float32), np.ones(2, np.float32)
     written = save_outputs(str(tmp_path / "out"), ["a/b", "a_b", "a:b"], [a, b, a + 2], "npy")
-    assert [p.name for p in written] == ["a_b.npy", "a_b_2.npy", "a_b_3.npy"]
-    assert [float(np.load(p)[0]) for p in written] == [0.0, 1.0, 2.0]
+    assert [p.name for p in written] == ["a_b.npy", "a_b_2.npy", "a_b_3.npy", "output_names.json"]
+    assert [float(np.load(p)[0]) for p in written[:3]] == [0.0, 1.0, 2.0]
+    # the files whose name is not the tensor's are mapped back to it
+    assert json.loads(written[3].read_text()) == {"a_b.npy": "a/b", "a_b_2.npy": "a_b",
+                                                  "a_b_3.npy": "a:b"}
 
 
 def test_raw_bin_of_a_dynamic_batch_model_takes_its_batch_from_the_file_size(run_cli, dyn_bundle, tmp_path):
@@ -167,3 +170,40 @@ def test_json_never_overwrites_the_model_or_an_input(run_cli, bundle, tmp_path):
         code, out, err = run_cli("run", path, "--loop", "1", "--input", f"x={tmp_path / 'x.npy'}", "--json", target)
         assert code == 2 and "overwrite" in err and "latency" not in out, err
     assert (path.read_bytes(), (tmp_path / "x.npy").read_bytes()) == before
+
+
+def test_output_names_that_cannot_be_file_names_get_safe_files_and_a_mapping(run_cli, tmp_path):
+    """Names over 255 bytes, with NUL, '..' or escape sequences: every output written, none lost."""
+    from onnx import TensorProto, helper
+
+    names = ["n" * 300, "y\x00z", "..", "a/b\x1b[2J"]
+    g = helper.make_graph([helper.make_node("Relu", ["x"], [n]) for n in names], "odd",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+                          [helper.make_tensor_value_info(n, TensorProto.FLOAT, [1, 4]) for n in names])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    path = make_bundle(tmp_path / "odd.bundle", model, inputs=[io_entry("x", [1, 4])],
+                       outputs=[io_entry(n, [1, 4]) for n in names])
+    x = np.array([[-1.0, 2.0, -3.0, 4.0]], np.float32)
+    np.save(tmp_path / "x.npy", x)
+    code, out, err = run_cli("run", path, "--loop", "1", "--input", f"x={tmp_path / 'x.npy'}",
+                             "--output", tmp_path / "out")
+    assert code == 0, err
+    assert "\x1b" not in out and "\x00" not in out and "a/b\\x1b[2J" in out
+    mapping = json.loads((tmp_path / "out" / "output_names.json").read_text())
+    assert sorted(mapping.values()) == sorted(names)
+    files = sorted(p.name for p in (tmp_path / "out").iterdir())
+    assert len(files) == len(names) + 1 and all(not f.startswith(".") for f in files)
+    for file_name in mapping:
+        np.testing.assert_array_equal(np.load(tmp_path / "out" / file_name), np.maximum(x, 0))
+
+
+def test_outputs_never_overwrite_an_input_in_the_output_folder(run_cli, bundle, tmp_path):
+    path, _ = bundle
+    (tmp_path / "out").mkdir()
+    x = np.ones((1, 3, 6, 6), np.float32)
+    np.save(tmp_path / "out" / "y.npy", x)  # the input sits where output `y` would be written
+    code, out, err = run_cli("run", path, "--loop", "1", "--input", f"x={tmp_path / 'out' / 'y.npy'}",
+                             "--output", tmp_path / "out")
+    assert code == 2 and "overwrite" in err and "latency" not in out, err
+    np.testing.assert_array_equal(np.load(tmp_path / "out" / "y.npy"), x)

@@ -42,7 +42,8 @@ def written(tmp_path):
     for e in _weights(rng):
         expected[e.name] = np.array(e.data() if callable(e.data) else e.data)
     path = tmp_path / "model.onnx"  # deliberately a misleading name
-    manifest = {"soc": "Ascend310P3", "precision_mode": "force_fp16", "inputs": [{"name": "x"}]}
+    manifest = {"soc": "Ascend310P3", "precision_mode": "force_fp16",
+                "inputs": [{"name": "x", "shape": [2, 3], "dtype": "float32"}]}
     B.write_bundle(path, manifest, _graph(), entries)
     return path, expected
 
@@ -236,3 +237,84 @@ def test_empty_blob_and_unchanged_name(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["weird name.with.dots"]
     with B.read_bundle(dest) as b:
         assert b.weights == {} and b.manifest["k"] == 1.5
+
+
+# ---------------------------------------------------------------------------------------------------
+# manifest validation: every field a consumer reads, on the real converter's manifest
+
+@pytest.fixture(scope="module")
+def converted(tmp_path_factory):
+    """A bundle of the README example model, from the real converter."""
+    import npu_deploy
+    from tests.conftest import write_example
+
+    d = tmp_path_factory.mktemp("converted")
+    out = d / "example.bundle"
+    npu_deploy.convert(str(write_example(d / "example.onnx")), output=str(out), backend="builtin")
+    return out
+
+
+# (path in the manifest, hostile value, what the one-line error names). The first seven crashed the
+# old reader or emulator with exit 4 (AttributeError / TypeError: emulator.py:201/218/223/384/389,
+# bundle.py:459).
+BAD_FIELDS = [
+    (("dynamic",), [1], "manifest field dynamic: must be an object"),
+    (("inputs", 0, "name"), ["x"], "manifest field inputs[0].name: must be a string"),
+    (("outputs", 0, "name"), {"a": 1}, "manifest field outputs[0].name: must be a string"),
+    (("tensor_dtypes",), ["float16"], "manifest field tensor_dtypes: must be an object"),
+    (("node_formats",), ["stem/Conv"], "manifest field node_formats: must be an object"),
+    (("node_formats", "stem/Conv"), "fast", "manifest field node_formats['stem/Conv']: must be an object"),
+    (("weights", 0, "dtype"), ["float16"], "unsupported dtype"),
+    (("inputs", 0, "shape"), "1,3,64,64", "manifest field inputs[0].shape: must be a list"),
+    (("inputs", 0, "shape", 1), -2, "inputs[0].shape[1]: must be an integer in -1.."),
+    (("inputs", 0, "dtype"), "complex256", "inputs[0].dtype: unknown dtype 'complex256'"),
+    (("inputs", 0, "format"), "NCHW_BOGUS", "inputs[0].format: unknown format 'NCHW_BOGUS'"),
+    (("inputs", 0, "c0"), 0, "inputs[0].c0: must be an integer in 1..1024"),
+    (("inputs", 0, "nbytes"), True, "inputs[0].nbytes: must be an integer >= 0"),
+    (("outputs", 0), 7, "manifest field outputs[0]: must be an object"),
+    (("outputs",), [{"name": "probs", "shape": [1, 10]}], "outputs[0]: has no 'dtype'"),
+    (("dynamic", "gears"), [{"x": "big"}], "dynamic.gears[0]['x']: must be a list"),
+    (("transdata", 0, "consumers"), [{"n": 1}], "transdata[0].consumers[0]: must be a string"),
+    (("transdata", 0, "dst_format"), "NZ?", "transdata[0].dst_format: unknown format"),
+    (("tensor_formats", "x"), 3, "tensor_formats['x']: must be a string"),
+    (("cost", "est_us", "stem/Conv"), "fast", "cost.est_us['stem/Conv']: must be a finite number"),
+    (("cost", "formattrans_share"), float("inf"), "cost.formattrans_share: must be a finite number"),
+    (("memory", "arena_bytes"), -256, "memory.arena_bytes: must be an integer >= 0"),
+]
+
+
+def _with(manifest: dict, path: tuple, value) -> dict:
+    node = manifest
+    for k in path[:-1]:
+        node = node[k]
+    node[path[-1]] = value
+    return manifest
+
+
+@pytest.mark.parametrize("path,value,named", BAD_FIELDS, ids=[".".join(map(str, f[0])) for f in BAD_FIELDS])
+def test_malformed_manifest_is_one_bundle_error_at_read_and_exit_2_in_run(converted, tmp_path, run_cli,
+                                                                         path, value, named):
+    bad = tmp_path / "bad.bundle"
+    bad.write_bytes(converted.read_bytes())
+    _rewrite(bad, manifest=_with(_manifest(bad), path, value))
+    with pytest.raises(BundleError) as e:
+        B.read_bundle(bad)
+    assert named in str(e.value) and "\n" not in str(e.value)
+    code, out, err = run_cli("run", bad, "--loop", "1", "--warmup", "0")
+    assert code == 2, (out, err)
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+
+
+def test_validator_accepts_what_the_converter_writes_and_unknown_keys(converted, tmp_path):
+    m = _manifest(converted)
+    B.validate_manifest(m)
+    m["a_key_from_a_newer_writer"] = {"anything": [1, "x"]}
+    m["inputs"][0]["transfer"] = "new per-tensor field"
+    B.validate_manifest(m)
+    B.validate_manifest({})  # every field is optional to the validator (consumers have defaults)
+
+
+def test_every_manifest_key_the_converter_writes_has_a_validator_line(converted):
+    """A new key in the converter's manifest gets its one line in ``bundle.MANIFEST_FIELDS``."""
+    written = set(_manifest(converted)) - {"schema", "schema_version", "weights"}
+    assert written <= set(B.MANIFEST_FIELDS), sorted(written - set(B.MANIFEST_FIELDS))

@@ -18,8 +18,14 @@ needs_kernel = pytest.mark.skipif(_fastcopy._find_cc() is None, reason="no C com
 
 @pytest.fixture(autouse=True)
 def kernel_on(monkeypatch):
-    """These tests exercise the kernel even when the run has NPU_DEPLOY_KERNEL=0."""
+    """These tests exercise the kernel even when the run has NPU_DEPLOY_KERNEL=0, through the piece
+    copies (not the small-tensor gather of ``formats``)."""
     monkeypatch.setattr(_fastcopy, "KERNEL_ENABLED", True)
+    monkeypatch.setattr(F, "_GATHER_MAX", 0)
+    monkeypatch.setattr(F, "_GATHER_FALLBACK_MAX", 0)
+    F._clear_recipes()
+    yield
+    F._clear_recipes()
 
 
 def _kernel_copy(dst, src, threads=1):
@@ -112,13 +118,13 @@ def test_kernel_is_used_for_the_benchmark_layouts(monkeypatch):
     monkeypatch.setattr(_fastcopy, "_SMALL", 1)
     monkeypatch.setattr(_fastcopy, "KERNEL_ENABLED", True)
     calls = []
-    orig = _fastcopy._kernel_copy
+    orig = _fastcopy._kernel_tasks
 
     def spy(*a):
         r = orig(*a)
-        calls.append(r)
+        calls.append(r is not None)
         return r
-    monkeypatch.setattr(_fastcopy, "_kernel_copy", spy)
+    monkeypatch.setattr(_fastcopy, "_kernel_tasks", spy)
     for fmt, shape in (("NC1HWC0", (2, 32, 8, 8)), ("FRACTAL_Z", (64, 32, 3, 3)), ("FRACTAL_NZ", (64, 96))):
         x = np.random.default_rng(1).standard_normal(shape).astype(np.float16)
         y = F.pack(x, fmt)
@@ -270,6 +276,7 @@ def test_tile3_fractal_z_equals_plain(monkeypatch, n, c, h, w, dt_c0, threads, s
     monkeypatch.setattr(_fastcopy, "_PARALLEL_BYTES", 1)
     monkeypatch.setenv("NPU_DEPLOY_THREADS", str(threads))
     seen = _spy_tile3(monkeypatch)
+    F._clear_recipes()                      # each example records its own kernel program
     x = _rand_bytes((n, c, h, w), dtype, seed)
     want = _plain(lambda: F.pack(x, "FRACTAL_Z", c0=c0))
     got = F.pack(x, "FRACTAL_Z", c0=c0)
@@ -358,16 +365,44 @@ def test_tile3_rejects_other_strides():
 
 
 @needs_kernel
-@pytest.mark.parametrize("nb", [7, 8, 9, 13, 16, 17, 24, 25])
-@pytest.mark.parametrize("na", [7, 8, 9, 15, 16, 17])
-def test_sse_tile_edges(nb, na):
-    """2-byte 2-D transposes with ragged edges on either side (the gathered last rows and the
-    overlapping last blocks of the SSE2 tile), with gaps around the destination rows."""
-    src_full = _rand_bytes((na + 1, nb + 3), np.float16, nb * 100 + na)
+@pytest.mark.parametrize("nb", [3, 4, 5, 7, 8, 9, 13, 16, 17, 24, 25, 33])
+@pytest.mark.parametrize("na", [3, 4, 7, 8, 9, 15, 16, 17, 32, 33])
+@pytest.mark.parametrize("dtype", [np.float16, np.int8, np.float32])
+def test_sse_tile_edges(nb, na, dtype):
+    """2-D transposes with ragged edges on either side (the gathered last rows, the element-wise last
+    columns and the overlapping last blocks of the SSE2 8x8 (2-byte), 16x16 and 8x8 (1-byte) and 4x4
+    (4-byte) tiles), with gaps around the destination rows."""
+    unsigned = {1: np.uint8, 2: np.uint16, 4: np.uint32}[np.dtype(dtype).itemsize]
+    src_full = _rand_bytes((na + 1, nb + 3), dtype, nb * 100 + na)
     src = src_full[1:, 2:2 + nb].T                         # [nb, na], nb contiguous
-    buf = np.full((nb, na + 4), 9, np.uint16).view(np.float16)
+    buf = np.full((nb, na + 4), 9, unsigned).view(dtype)
     dst = buf[:, 1:na + 1]
     assert _kernel_copy(dst, src)
-    want = np.full((nb, na + 4), 9, np.uint16).view(np.float16)
+    want = np.full((nb, na + 4), 9, unsigned).view(dtype)
     want[:, 1:na + 1] = src
     assert buf.tobytes() == want.tobytes()
+
+
+@needs_kernel
+@pytest.mark.parametrize("fmt,shape", [("NC1HWC0", (2, 48, 20, 24)), ("NC1HWC0", (1, 32, 7, 9)),
+                                       ("FRACTAL_NZ", (70, 300)), ("FRACTAL_NZ", (2, 33, 50)),
+                                       ("FRACTAL_Z", (64, 96, 3, 3)), ("NDC1HWC0", (1, 40, 2, 8, 16))])
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.int8])
+@pytest.mark.parametrize("offset", [0, 1])
+def test_streaming_stores_equal_plain(monkeypatch, fmt, shape, dtype, offset):
+    """The streaming-store variants (used for copies of at least _NT_BYTES) on small tensors: byte
+    for byte the plain result, also into a destination that is not 16-byte aligned (then the kernel
+    must fall back to ordinary stores)."""
+    monkeypatch.setattr(_fastcopy, "_NT_BYTES", 1)
+    x = _rand_bytes(shape, dtype, offset + 7)
+    want = _plain(lambda: F.pack(x, fmt))
+    raw = np.zeros(want.nbytes + 64, np.uint8)
+    start = (-raw.ctypes.data) % 16 + offset * np.dtype(dtype).itemsize
+    out = raw[start:start + want.nbytes].view(dtype).reshape(want.shape)
+    assert F.pack(x, fmt, out=out) is out
+    assert out.tobytes() == want.tobytes()
+    raw2 = np.zeros(x.nbytes + 64, np.uint8)
+    start2 = (-raw2.ctypes.data) % 16 + offset * np.dtype(dtype).itemsize
+    back = raw2[start2:start2 + x.nbytes].view(dtype).reshape(x.shape)
+    assert F.unpack(want, fmt, shape, out=back) is back
+    assert back.tobytes() == x.tobytes()

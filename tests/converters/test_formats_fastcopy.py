@@ -93,7 +93,11 @@ def low_thresholds(monkeypatch):
     monkeypatch.setattr(_fastcopy, "_FAR", 64)               # staged transposes on small arrays too
     monkeypatch.setattr(_fastcopy, "_STAGE_BYTES", 4096)
     monkeypatch.setattr(_fastcopy._local, "scratch", None, raising=False)
-    return monkeypatch
+    monkeypatch.setattr(F, "_GATHER_MAX", 0)                # piece copies, not the small-tensor gather
+    monkeypatch.setattr(F, "_GATHER_FALLBACK_MAX", 0)
+    F._clear_recipes()
+    yield monkeypatch
+    F._clear_recipes()
 
 
 def _random(shape, dtype, seed=0):

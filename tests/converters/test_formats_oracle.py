@@ -10,6 +10,7 @@ both with the fast copy path and with plain numpy assignment.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 
 import ml_dtypes
@@ -173,7 +174,24 @@ def assert_same_bytes(a, b):
     assert a.tobytes() == b.tobytes()
 
 
-def check(fmt, shape, dtype, c0=None, rng=None, fast=True, **kw):
+@contextlib.contextmanager
+def copy_mode(mode):
+    """"gather": the shipped path (small tensors: one np.take through the recipe's index map);
+    "pieces": the recipe's piece copies through the fast copy (gather off); "plain": the derived
+    interpreter with plain numpy assignment per piece (fast copy off)."""
+    old = _fastcopy.ENABLED, F._GATHER_MAX, F._GATHER_FALLBACK_MAX
+    _fastcopy.ENABLED = mode != "plain"
+    if mode == "pieces":
+        F._GATHER_MAX = F._GATHER_FALLBACK_MAX = 0
+    F._clear_recipes()
+    try:
+        yield
+    finally:
+        _fastcopy.ENABLED, F._GATHER_MAX, F._GATHER_FALLBACK_MAX = old
+        F._clear_recipes()
+
+
+def check(fmt, shape, dtype, c0=None, rng=None, fast="gather", **kw):
     oracle, _, origin = ORACLES[fmt]
     origin = kw.pop("origin", origin)
     rng = rng or np.random.default_rng(0)
@@ -182,15 +200,20 @@ def check(fmt, shape, dtype, c0=None, rng=None, fast=True, **kw):
     storage, off = oracle(shape, c0_eff)
     assert F.storage_shape(fmt, shape, dtype, c0=c0, origin=origin, **kw) == tuple(storage)
     want = oracle_pack(x, storage, off)
-    old = _fastcopy.ENABLED
-    _fastcopy.ENABLED = fast
-    try:
+    with copy_mode(fast if isinstance(fast, str) else ("gather" if fast else "plain")):
         got = F.pack(x, fmt, c0=c0, origin=origin, **kw)
         assert_same_bytes(got, want)
         back = F.unpack(got, fmt, shape, origin=origin, **kw)  # C0 read from the storage shape
         assert_same_bytes(back, x)
-    finally:
-        _fastcopy.ENABLED = old
+        # again, from the cached recipe, into dirty preallocated buffers (padding must be re-zeroed)
+        out = np.empty_like(want)
+        out.view(np.uint8).fill(0x5A)
+        assert F.pack(x, fmt, c0=c0, origin=origin, out=out, **kw) is out
+        assert_same_bytes(out, want)
+        back = np.empty_like(x)
+        back.view(np.uint8).fill(0xA5)
+        assert F.unpack(got, fmt, shape, origin=origin, out=back, **kw) is back
+        assert_same_bytes(back, x)
     offs = F.offsets(fmt, shape, dtype, c0=c0, origin=origin, **kw)
     assert offs.shape == tuple(shape)
     for idx in itertools.islice(np.ndindex(*shape), 0, None, max(1, int(np.prod(shape)) // 50)):
@@ -230,7 +253,7 @@ def cases(draw):
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(cases(), st.booleans(), st.integers(0, 2**32 - 1))
+@given(cases(), st.sampled_from(["gather", "pieces", "plain"]), st.integers(0, 2**32 - 1))
 def test_against_oracle(case, fast, seed):
     fmt, shape, dtype, c0 = case
     check(fmt, shape, dtype, c0, np.random.default_rng(seed), fast=fast)

@@ -139,6 +139,9 @@ def test_manifest_with_odd_types_does_not_crash(tmp_path):
     text = render_text(r, layers=True)
     assert text.splitlines()[-1] == r.verdict()
     assert r.bundle["soc"] is None and r.bundle["formattrans_share"] is None
+    # what the emulator would refuse (exit 2) inspect reports as a failed check (exit 1)
+    assert not r and any(p.startswith("manifest fields have the types") and "inputs[0]" in p
+                         for p in r.problems)
 
 
 def _converted(tmp_path, real_model, name, **kw):

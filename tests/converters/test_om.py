@@ -386,3 +386,57 @@ def test_unpacked_repeated_dims_and_unknown_fields_are_accepted(tmp_path):
     om = read_om(p)
     assert om.main.name == "hand"
     assert [(t.name, t.dtype, t.shape, t.format) for t in om.inputs] == [("x", "float16", [2, 3, -1], "NHWC")]
+
+
+def _mapped_ops():
+    return [transdata("trans_TransData_0", "NCHW", "NC1HWC0", [1, 3, 8, 8], out_shape=[1, 1, 8, 8, 16],
+                      inputs=["x:0"], original_names=[]),
+            op("convrelu", "Conv2D", inputs=["trans_TransData_0:0", "w:0", "", "shape_const:-1"],
+               output_desc=[tensor("o", "float16", [1, 1, 8, 8, 16], "NC1HWC0", origin=("relu", 0)),
+                            tensor("o2", "float16", [1], "ND", origin=("conv", 7))],
+               original_names=["conv", "relu"]),
+            op("plain", "Relu", inputs=["convrelu:0"], output_desc=[tensor("p", "float16", [1], "ND")])]
+
+
+def test_keep_ops_reads_edges_and_the_fusion_mapping(tmp_path):
+    """ATC's mapping attributes (accuracy-debug.md §4) as the builder's protobuf class wrote them."""
+    path = build_om(tmp_path / "m.om", inputs=[tensor("x", "float32", [1, 3, 8, 8], "NCHW")],
+                    outputs=[tensor("plain", "float16", [1], "ND", source="plain:0")], ops=_mapped_ops())
+    md = _oracle_modeldef(path.read_bytes())
+    proto = {o.name: o for o in md.graph[0].op}
+    ops = {o.name: o for o in read_om(path, keep_ops=True).main.ops}
+    for name, o in ops.items():
+        assert o.inputs == list(proto[name].input)
+        assert o.id == (proto[name].id or None)
+    assert ops["trans_TransData_0"].original_names == []
+    assert ops["convrelu"].original_names == ["conv", "relu"]
+    assert ops["plain"].original_names is None and ops["x"].original_names is None
+    assert [(g.name, g.output_index) if g else None for g in ops["convrelu"].output_origins] == [
+        ("relu", 0), ("conv", 7)]
+    assert ops["plain"].output_origins == [None]
+    assert ops["Node_Output"].inputs == ["plain:0"]
+    # the layout-op summary (no keep_ops) carries the same fields for its TransData
+    lay = read_om(path).main.layout_ops[0]
+    assert (lay.name, lay.inputs, lay.original_names) == ("trans_TransData_0", ["x:0"], [])
+
+
+@pytest.mark.parametrize("index", [-1, 1 << 40])
+def test_absurd_origin_output_index_falls_back_to_the_position(tmp_path, index):
+    ops = [op("a", "Relu", output_desc=[tensor("o", "float16", [1], "ND", origin=("relu", index))],
+              original_names=["relu"])]
+    path = build_om(tmp_path / "m.om", inputs=[tensor("x")], outputs=[tensor("y")], ops=ops)
+    got = next(o for o in read_om(path, keep_ops=True).main.ops if o.name == "a").output_origins[0]
+    assert (got.name, got.output_index) == ("relu", 0)
+
+
+def test_origin_attribute_of_the_wrong_type_is_ignored(tmp_path):
+    md = ModelDef()
+    g = md.graph.add(name="g")
+    o = g.op.add(name="a", type="Relu")
+    d = o.output_desc.add(name="o", layout="ND")
+    d.attr["_datadump_origin_name"].i = 5            # an int where a string belongs
+    o.attr["_datadump_original_op_names"].i = 3      # not a list of names
+    p = tmp_path / "w.om"
+    p.write_bytes(build_om_bytes(model_def=md.SerializeToString()))
+    a = read_om(p, keep_ops=True).main.ops[0]
+    assert a.output_origins == [None] and a.original_names == []

@@ -216,10 +216,13 @@ def test_value_dependent_shapes_resolved(real_model):
 def test_input_without_shape(tmp_path):
     vi = helper.make_tensor_value_info("x", TensorProto.FLOAT, None)
     path = _save(tmp_path, [helper.make_node("Relu", ["x"], ["y"])], [vi], [_vi("y", ["a", "b"])])
-    with pytest.raises(ModelError, match="invalid ONNX model: Field 'shape'"):
-        load_model(path)  # onnx.checker requires the field
+    # onnx.checker requires the field, onnxruntime does not: the useful error is the missing shape
+    with pytest.raises(ModelError, match="input 'x' of m.onnx declares no shape"):
+        load_model(path)
     with pytest.raises(ModelError, match="input 'x' of m.onnx declares no shape"):
         load_model(path, check=False)
+    m = load_model(path, input_shapes={"x": (3, 5)})
+    assert m.shapes["y"] == (3, 5) and any("onnx.checker rejects" in w for w in m.warnings)
     m = load_model(path, input_shapes={"x": (3, 5)}, check=False)
     assert m.inputs[0].shape == (3, 5) and m.shapes["y"] == (3, 5)
 
@@ -331,3 +334,160 @@ def test_data_dependent_shapes_stay_dynamic(tmp_path):
     assert set(p.memory.offsets) >= {"r"} and not {"y", "z"} & set(p.memory.offsets)
     assert manifest["outputs"][0]["shape"] == [-1, -1]
     np.testing.assert_array_equal(got[0], -np.maximum(x, 0).reshape(3, 2))
+
+
+# ------------------------------------------------------------------------------------------------
+# Loader bugs of issue 9 (each failed on the loader before the fix; the old behaviour is named)
+# ------------------------------------------------------------------------------------------------
+
+def _onnx_data(*parts):
+    import os
+
+    return os.path.join(os.path.dirname(onnx.__file__), "backend", "test", "data", *parts)
+
+
+@pytest.mark.parametrize("k", [1, 2, 3, 4, 5, 6, 7])
+def test_internal_sequences_with_tensor_io_load_and_plan(k):
+    """onnx's simple test_sequence_model*: sequences inside, tensors at the edges (before: ValueError
+    in the shape run, exit 4). The sequences are not tensors: no shape, no format, element dtype."""
+    from npu_deploy.converters.planner import plan
+
+    path = _onnx_data("simple", f"test_sequence_model{k}", "model.onnx")
+    m = load_model(path)
+    ref = onnx.shape_inference.infer_shapes(onnx.load(path))
+    seqs = {vi.name for vi in ref.graph.value_info if vi.type.HasField("sequence_type")}
+    assert seqs and set(m.non_tensors) == seqs and set(m.non_tensors.values()) == {"sequence"}
+    assert not seqs & set(m.shapes)
+    for o in m.graph.output:
+        assert o.name in m.shapes
+    p = plan(m)
+    assert not seqs & set(p.tensor_formats) and not seqs & set(p.tensor_dtypes)
+
+
+def test_checker_rejection_that_onnxruntime_loads_warns_and_continues(tmp_path):
+    """A graph output whose type has no `shape`: onnx.checker (IR 10) rejects it, onnxruntime loads it."""
+    path = _save(tmp_path, [helper.make_node("Relu", ["x"], ["y"])], [_vi("x", [1, 4])], [_vi("y", None)])
+    with pytest.raises(onnx.checker.ValidationError):
+        onnx.checker.check_model(str(path), full_check=True)
+    m = load_model(path)
+    assert m.shapes["y"] == (1, 4)
+    assert any("onnx.checker rejects" in w and "onnxruntime loads" in w for w in m.warnings)
+
+
+def test_checker_rejection_onnxruntime_also_refuses_is_an_input_error(tmp_path):
+    o = onnx.ValueInfoProto(name="y")
+    o.type.tensor_type.SetInParent()  # no elem_type: neither onnx nor onnxruntime takes it
+    path = _save(tmp_path, [helper.make_node("Relu", ["x"], ["y"])], [_vi("x", [1, 4])], [o])
+    with pytest.raises(ModelError, match="invalid ONNX model: .*elem_type"):
+        load_model(path)
+
+
+@pytest.mark.parametrize("where", ["model", "user", "gear", "inferred"])
+def test_dimensions_beyond_any_device_are_bad_input(tmp_path, where):
+    """2^40 elements (before: converted, then a MemoryError at run time, exit 4)."""
+    big = 1 << 40
+    if where == "inferred":  # Expand to a huge constant shape: found by inference, not declared
+        shape = numpy_helper.from_array(np.array([big, 4], np.int64), "shape")
+        path = _save(tmp_path, [helper.make_node("Expand", ["x", "shape"], ["y"])], [_vi("x", [1, 4])],
+                     [_vi("y", [big, 4])], [shape])
+        kw = {}
+    else:
+        path = _save(tmp_path, [helper.make_node("Relu", ["x"], ["y"])],
+                     [_vi("x", [big, 4] if where == "model" else ["N", 4])], [_vi("y", [big if where == "model"
+                                                                                         else "N", 4])])
+        kw = {"model": {}, "user": {"input_shapes": {"x": (big, 4)}},
+              "gear": {"input_shapes": {"x": (-1, 4)}, "dynamic_batch": [1, big]}}[where]
+    with pytest.raises(ModelError, match="over 128 GiB: more than any Ascend device's memory") as e:
+        load_model(path, **kw)
+    assert "\n" not in str(e.value)
+    assert e.value.exit_code == 2
+
+
+def test_zero_d_tensors_keep_their_rank(tmp_path):
+    """A 0-d index (initializer and Constant node): shapes and values stay 0-d, Gather drops the axis."""
+    idx = numpy_helper.from_array(np.array(1, np.int64), "i")
+    const = helper.make_node("Constant", [], ["j"], value=numpy_helper.from_array(np.array(2, np.int64)))
+    path = _save(tmp_path, [const, helper.make_node("Gather", ["x", "i"], ["a"], axis=1),
+                            helper.make_node("Gather", ["x", "j"], ["b"], axis=1),
+                            helper.make_node("Add", ["a", "b"], ["y"])],
+                 [_vi("x", [1, 3, 4])], [_vi("y", [1, 4])], [idx])
+    m = load_model(path)
+    assert m.shapes["i"] == () and m.shapes["j"] == ()
+    assert m.constant_array("i").shape == () and m.constant_array("j").shape == ()
+    assert m.shapes["a"] == m.shapes["y"] == (1, 4)
+
+
+@pytest.mark.parametrize("name", ["light_resnet50", "light_zfnet512"])
+def test_ir3_models_with_unused_initializers_run(name, tmp_path):
+    """The onnx wheel's IR-3 CNNs carry an initializer no node reads (also a graph input, as IR 3 wants):
+    they convert and the bundle runs like onnxruntime on the original."""
+    import shutil
+
+    path = str(shutil.copy(_onnx_data("light", f"{name}.onnx"), tmp_path / f"{name}.onnx"))
+    raw = onnx.load(path, load_external_data=False)
+    used = {i for n in raw.graph.node for i in n.input}
+    assert raw.ir_version == 3 and [t.name for t in raw.graph.initializer if t.name not in used]
+    import onnxruntime as ort
+    from pathlib import Path
+
+    x = np.random.default_rng(3).standard_normal((1, 3, 224, 224)).astype(np.float32)
+    m, _, p, _, _, got = _lower_and_run(Path(path), {"gpu_0/data_0": x})  # convert + bundle + emulator
+    assert [i.name for i in m.inputs] == ["gpu_0/data_0"]
+    assert m.shapes[m.graph.output[0].name] == (1, 1000)
+    want = ort.InferenceSession(path, providers=["CPUExecutionProvider"]).run(None, {"gpu_0/data_0": x})
+    np.testing.assert_allclose(got[0], want[0], rtol=1e-4, atol=1e-5)
+
+
+def _if_on_value(tmp_path, else_nodes, else_out):
+    """y = If(sr == 16000) then Relu(x) else <else_nodes>: the branch depends on an input value."""
+    then_g = helper.make_graph([helper.make_node("Relu", ["x"], ["t_out"], name="t_relu")], "then", [],
+                               [_vi("t_out", None)])
+    else_g = helper.make_graph(else_nodes, "else", [], [_vi(else_out, None)])
+    k = helper.make_node("Constant", [], ["k16"], value=numpy_helper.from_array(np.array(16000, np.int64)))
+    nodes = [k, helper.make_node("Equal", ["sr", "k16"], ["c"], name="is16k"),
+             helper.make_node("If", ["c"], ["y"], name="branch", then_branch=then_g, else_branch=else_g),
+             helper.make_node("Neg", ["y"], ["z"], name="after")]
+    return _save(tmp_path, nodes, [_vi("x", [2, 4]), _vi("sr", [], TensorProto.INT64)], [_vi("z", None)])
+
+
+def test_shapes_after_an_if_on_input_values_do_not_assume_the_zeros_branch(tmp_path):
+    """The branches give different shapes ([2, 4] vs [4, 4]): zeros (sr = 0) take the else branch,
+    and the old loader took its shape for the model's. Now each branch is run: they disagree, so the
+    shapes after the If are data-dependent (sized at run time), and each branch's own tensors keep
+    the shape their branch gives."""
+    path = _if_on_value(tmp_path, [helper.make_node("Concat", ["x", "x"], ["e_out"], name="e_cat", axis=0)],
+                        "e_out")
+    m = load_model(path)
+    assert "y" not in m.shapes and "z" not in m.shapes
+    assert {"y", "z"} <= set(m.data_dependent)
+    assert m.shapes["t_out"] == (2, 4) and m.shapes["e_out"] == (4, 4)
+
+
+def test_a_branch_that_cannot_run_at_these_shapes_is_named_and_the_other_decides(tmp_path):
+    # the else branch reshapes x to [3, -1] (8 elements cannot), with a target computed from sr so that
+    # onnxruntime cannot see it when loading: zeros take this branch, and the run fails
+    k = lambda name, v: helper.make_node("Constant", [], [name], value=numpy_helper.from_array(  # noqa: E731
+        np.array(v, np.int64)))
+    else_nodes = [k("three", [3, -1]), k("zero_i", 0), k("ax0", [0]),
+                  helper.make_node("Mul", ["sr", "zero_i"], ["sr0"], name="e_mul"),
+                  helper.make_node("Unsqueeze", ["sr0", "ax0"], ["sr1"], name="e_unsq"),
+                  helper.make_node("Add", ["three", "sr1"], ["to3"], name="e_add"),
+                  helper.make_node("Reshape", ["x", "to3"], ["e_out"], name="e_reshape")]
+    path = _if_on_value(tmp_path, else_nodes, "e_out")
+    m = load_model(path)
+    assert m.shapes["y"] == m.shapes["z"] == (2, 4)
+    assert any("If branch: its else_branch cannot run" in w for w in m.warnings)
+    assert "e_out" in m.data_dependent
+
+
+def test_node_names_are_unique_across_bodies(tmp_path):
+    body = lambda out: helper.make_graph([helper.make_node("Relu", ["x"], [out], name="same")], "b", [],  # noqa: E731
+                                         [_vi(out, None)])
+    nodes = [helper.make_node("ReduceSum", ["x"], ["s"], name="same", keepdims=0),
+             helper.make_node("Greater", ["s", "zero"], ["c"], name="cmp"),
+             helper.make_node("If", ["c"], ["y"], name="if", then_branch=body("a"), else_branch=body("b"))]
+    path = _save(tmp_path, nodes, [_vi("x", [2, 2])], [_vi("y", [2, 2])],
+                 [numpy_helper.from_array(np.array(0.0, np.float32), "zero")])
+    m = load_model(path)
+    names = [m.graph.node[0].name] + [n.name for a in m.graph.node[2].attribute for n in a.g.node]
+    assert names[0] == "same" and len(set(names)) == 3

@@ -132,7 +132,7 @@ def test_several_devices(tmp_path):
         op("MatMul_0", "MatMulV2", "AI_CORE", "100.000", device="1")]
     r = analyze_profile(write_csv(tmp_path / "op_summary_20250101000000.csv", rows))
     d = {x.device: x for x in r.devices}
-    assert d["0"].share_pct == pytest.approx(17.0) and d["1"].share_pct == 0.0
+    assert d["device_0"].share_pct == pytest.approx(17.0) and d["device_1"].share_pct == 0.0
     assert r.formattrans_pct == pytest.approx(170.0 / 1100.0 * 100)
 
 

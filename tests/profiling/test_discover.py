@@ -26,7 +26,7 @@ def test_old_per_device_summary(tmp_path):
     r = analyze_profile(root)
     assert r.compute_us == pytest.approx(200.0) and r.transdata_pct == pytest.approx(20.0)
     # per-device files have no Device_id column: the device comes from the folder name
-    assert {(x.device, x.share_pct) for x in r.devices} == {("0", 20.0), ("1", 20.0)}
+    assert {(x.device, x.share_pct) for x in r.devices} == {("device_0", 20.0), ("device_1", 20.0)}
 
 
 def test_new_layout_prefers_merged_output_over_device_copies(tmp_path):

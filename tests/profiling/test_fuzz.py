@@ -7,7 +7,7 @@ import json
 import tempfile
 from pathlib import Path
 
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from npu_deploy.errors import ProfileError
@@ -110,3 +110,131 @@ def timeline(draw):
 @given(timeline())
 def test_mutated_timeline_never_crashes(data):
     _check(data, "trace_view.json")
+
+
+# ---------------------------------------------------------------------------------------------------
+# The other readers (issue 12): timelines (streamed), op_statistic, MindSpore tables, SQLite; through the
+# CLI too, where the only exit codes are 0 / 2 and no traceback is printed.
+
+def _base_files() -> dict[str, bytes]:
+    from tests.profiling.test_db import build_db
+    from tests.profiling.test_timeline import DEV0, cann6_device
+
+    with tempfile.TemporaryDirectory() as d:
+        db = build_db(Path(d) / "msprof_0.db").read_bytes()
+    return {
+        "msprof_0_2_1.json": json.dumps(cann6_device(0, DEV0, label=True, iterations=1)).encode(),
+        "op_statistic_0_1.csv": b"OP Type,Core Type,Count,Total Time(us),Ratio(%)\nTransData,AI_VECTOR_CORE,3,"
+                                b"12.5,12.5\nMatMulV2,AI_CORE,2,87.5,87.5\n",
+        "aicore_intermediate_0_type.csv": b"op_type,execution_time,execution_frequency,percent\n"
+                                          b"TransData,8.7,12,13\nConv2D,58.3,5,87\n",
+        "aicore_intermediate_0_detail.csv": b"full_op_name,execution_time\nDefault/TransData-op1,8.7\n"
+                                            b"Default/Conv2D-op2,58.3\n",
+        "msprof_0.db": db,
+    }
+
+
+BASE_FILES = _base_files()
+
+
+@st.composite
+def mutated_file(draw) -> tuple[str, bytes]:
+    name = draw(st.sampled_from(sorted(BASE_FILES)))
+    data = bytearray(BASE_FILES[name])
+    for _ in range(draw(st.integers(1, 8))):
+        kind = draw(st.sampled_from(["flip", "insert", "delete", "truncate", "number"]))
+        pos = draw(st.integers(0, max(0, len(data) - 1)))
+        if kind == "flip" and data:
+            data[pos] = draw(st.integers(0, 255))
+        elif kind == "insert":
+            data[pos:pos] = draw(st.sampled_from([b"9" * 400, b"1e999", b"-", b"inf", b"NaN", b'"', b"[", b"{",
+                                                  b"\xff\xfe", b"\x00", b",", b"]", b"}", b"\\u0000", b"\x1b[2J"]))
+        elif kind == "delete":
+            del data[pos:pos + draw(st.integers(1, 64))]
+        elif kind == "truncate":
+            del data[pos:]
+        else:  # replace a run of digits by a huge or odd number
+            data[pos:pos + 1] = draw(st.sampled_from([b"1" * 5000, b"-0", b"1e308", b"4294967295"]))
+    return name, bytes(data)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(mutated_file())
+# the cases of issue 12 that were exit 4, always run
+@example(("op_statistic_0_1.csv", BASE_FILES["op_statistic_0_1.csv"].replace(b",3,", b",inf,")))
+@example(("msprof_0_2_1.json", BASE_FILES["msprof_0_2_1.json"].replace(b'"dur": 50.0', b'"dur": ' + b"9" * 400, 1)))
+@example(("aicore_intermediate_0_type.csv", BASE_FILES["aicore_intermediate_0_type.csv"].replace(b",12,", b",1e999,")))
+def test_mutated_profiles_never_crash(case):
+    name, data = case
+    _check(data, name)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(mutated_file())
+def test_mutated_profiles_through_the_cli_exit_0_or_2(case):
+    import contextlib
+    import io
+
+    from npu_deploy.cli.main import main
+
+    name, data = case
+    with tempfile.TemporaryDirectory() as d:
+        p = Path(d) / name
+        p.write_bytes(data)
+        out, err = io.StringIO(), io.StringIO()
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            code = main(["profile", "analyze", str(p)])
+    assert code in (0, 1, 2), err.getvalue()
+    assert "Traceback" not in err.getvalue() and "internal error" not in err.getvalue()
+    if code == 2:
+        assert len(err.getvalue().strip().splitlines()) >= 1
+        assert err.getvalue().strip().splitlines()[-1].startswith("npu-deploy: error: ")
+    assert "\x1b" not in out.getvalue() + err.getvalue()
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.binary(max_size=400), st.integers(1, 64))
+def test_stream_reader_on_random_bytes_agrees_with_json(data, chunk):
+    from npu_deploy.profiling._jsonstream import iter_events
+
+    with tempfile.TemporaryDirectory() as d:
+        p = Path(d) / "t.json"
+        p.write_bytes(data)
+        text = data.decode("utf-8", errors="replace")
+        try:
+            # the reader accepts a BOM, and takes the first traceEvents member of an object
+            expected = json.loads(text[1:] if text.startswith("\ufeff") else text,
+                                  object_pairs_hook=lambda kv: {k: v for k, v in reversed(kv)})
+        except (ValueError, RecursionError):
+            expected = None
+        try:
+            got = list(iter_events(str(p), chunk=chunk))
+        except ProfileError:
+            got = None
+        if isinstance(expected, list):
+            assert got == expected
+        elif isinstance(expected, dict) and isinstance(expected.get("traceEvents"), list):
+            assert got == expected["traceEvents"]
+        else:
+            assert got is None
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(json_values, max_size=12), st.integers(1, 40), st.booleans())
+def test_stream_reader_on_valid_arrays_matches_json_load(events, chunk, wrap):
+    from npu_deploy.profiling._jsonstream import iter_events
+
+    with tempfile.TemporaryDirectory() as d:
+        p = Path(d) / "t.json"
+        doc = {"a": [1, {"b": "]"}], "traceEvents": events, "z": None} if wrap else events
+        p.write_text(json.dumps(doc, allow_nan=False) if _finite(events) else json.dumps(doc))
+        assert _same(list(iter_events(str(p), chunk=chunk)), events)
+
+
+def _finite(x) -> bool:
+    return "NaN" not in json.dumps(x) and "Infinity" not in json.dumps(x)
+
+
+def _same(a, b) -> bool:
+    # NaN != NaN: compare through JSON text
+    return json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)

@@ -133,6 +133,6 @@ def test_devices_table_stays_aligned_with_long_capture_labels(tmp_path):
         write_csv(tmp_path / "caps" / name / "PROF_000001_20250101000000000_ABCDEF" / "mindstudio_profiler_output"
                   / "op_summary_20250101000000.csv", rows)
     text = render_text(analyze_profile(tmp_path / "caps"))
-    block = text.split("Devices\n", 1)[1].split("\n\n", 1)[0].splitlines()
+    block = text.split("Captures / devices\n", 1)[1].split("\n\n", 1)[0].splitlines()
     assert len(block) == 2
     assert len({line.index(" compute ") for line in block}) == 1, block

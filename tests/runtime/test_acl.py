@@ -26,7 +26,6 @@ from npu_deploy.runtime.acl import AclBackend
 from tests.standins.omfile import build_om, tensor
 
 STANDINS = Path(__file__).resolve().parents[1] / "standins"
-REPO = Path(__file__).resolve().parents[2]
 
 
 def _purge_standins() -> None:
@@ -38,7 +37,8 @@ def _purge_standins() -> None:
 
 @pytest.fixture
 def acl(monkeypatch):
-    """The stand-in ``acl`` importable as ``acl``; reset before, everything shut down and forgotten after."""
+    """The stand-in ``acl`` importable as ``acl``; reset before, everything finalised and forgotten after
+    (a fresh stand-in module is a fresh process: ``device`` forgets the previous module's state)."""
     device.shutdown()
     _purge_standins()
     monkeypatch.syspath_prepend(str(STANDINS))
@@ -46,7 +46,7 @@ def acl(monkeypatch):
 
     mod._standin.reset()
     yield mod
-    device.shutdown()
+    device.finalize()
     _purge_standins()
 
 
@@ -105,7 +105,7 @@ def test_full_lifecycle_reuses_buffers_and_ends_clean(acl, tmp_path):
     assert calls.count("acl.mdl.execute") == 4
     assert calls.count("acl.mdl.load_from_file") == 1
     st(acl).assert_clean(finalized=False)          # released; acl.finalize waits for interpreter exit
-    device.shutdown()
+    device.finalize()
     st(acl).assert_clean()
     assert teardown_calls(st(acl).calls()) == [
         "acl.mdl.destroy_dataset", "acl.mdl.destroy_dataset", "acl.mdl.unload", "acl.mdl.destroy_desc",
@@ -136,7 +136,7 @@ def test_two_sessions_share_one_init_and_one_device_context(acl, tmp_path):
     calls = st(acl).calls()
     assert calls.count("acl.init") == 1 and calls.count("acl.rt.set_device") == 1
     assert calls.count("acl.rt.create_context") == 1
-    device.shutdown()
+    device.finalize()
     st(acl).assert_clean()
 
 
@@ -150,7 +150,7 @@ def test_inference_session_runs_an_om_through_the_acl_backend(acl, tmp_path):
         assert sess.backend_name == "acl"
         y, s = sess.run(None, {"x": x})
     np.testing.assert_array_equal(y, 2 * x + 1)
-    device.shutdown()
+    device.finalize()
     st(acl).assert_clean()
 
 
@@ -274,7 +274,7 @@ def test_size_mismatch_between_description_and_dims_is_explained(acl, tmp_path):
                     outputs=[tensor("y", "float32", [1, 10], "ND")])
     with pytest.raises(OmError, match=r"100-byte device buffer \(acl.mdl.get_input_size_by_index\).*768"):
         AclBackend(path, api="pyacl").activate()
-    device.shutdown()
+    device.finalize()
     st(acl).assert_clean()
 
 
@@ -298,7 +298,7 @@ def test_run_failure_maps_the_code_and_the_session_recovers(acl, tmp_path, call,
         assert (info.value.call, info.value.code, info.value.exit_code) == (call, code, 3)
         assert f"{call} returned {code}" in str(info.value) and meaning in str(info.value)
         np.testing.assert_array_equal(b.run(["y"], {"x": x})[0], 2 * x + 1)
-    device.shutdown()
+    device.finalize()
     st(acl).assert_clean()
 
 
@@ -317,7 +317,7 @@ def test_failed_activation_releases_everything(acl, tmp_path, call, code, after)
     assert info.value.code == code and info.value.call == call
     assert not b.is_active
     assert st(acl).leaks() == []
-    device.shutdown()
+    device.finalize()
     st(acl).assert_clean()
 
 
@@ -329,7 +329,7 @@ def test_exception_inside_with_block_releases(acl, tmp_path):
             b.run(None, {"x": np.ones((2, 3, 4), np.float32)})
             raise RuntimeError("user code failed")
     assert st(acl).leaks() == []
-    device.shutdown()
+    device.finalize()
     st(acl).assert_clean()
 
 
@@ -362,7 +362,7 @@ def test_soc_mismatch_is_reported_before_loading(acl, tmp_path):
     assert info.value.exit_code == 2
     assert "acl.mdl.load_from_file" not in st(acl).calls()
     assert "acl.rt.set_device" not in st(acl).calls()
-    device.shutdown()
+    device.finalize()
     st(acl).assert_clean()
 
 
@@ -412,7 +412,7 @@ def test_dynamic_batch_gear_selection(acl, tmp_path):
             b.run(None, {"x": np.zeros((9, 3, 2, 2), np.float32)})
     log = st(acl).call_log()
     assert [c[1] for c in log if c[0] == "acl.mdl.set_dynamic_batch_size"] == [0, 0, 0, 0]
-    device.shutdown()
+    device.finalize()
     st(acl).assert_clean()
 
 
@@ -453,7 +453,7 @@ def test_two_threads_share_one_session(acl, tmp_path):
     seen = {e.thread for e in st(acl).executions()}
     assert seen == {"worker-0", "worker-1"}
     assert st(acl).violations() == []
-    device.shutdown()
+    device.finalize()
     st(acl).assert_clean()
 
 
@@ -478,7 +478,7 @@ def test_two_sessions_in_two_threads(acl, tmp_path):
     for t in threads:
         t.join()
     assert errors == [] and st(acl).violations() == [] and st(acl).leaks() == []
-    device.shutdown()
+    device.finalize()
     st(acl).assert_clean()
 
 
@@ -490,7 +490,7 @@ def test_close_from_another_thread_sets_the_context_there(acl, tmp_path):
     t.start()
     t.join()
     assert st(acl).violations() == []
-    device.shutdown()
+    device.finalize()
     st(acl).assert_clean()
 
 
@@ -514,7 +514,7 @@ def test_teardown_at_interpreter_exit(tmp_path, opener):
     """)
     env = dict(os.environ, NPU_STANDIN_ACL_LOG=str(log))
     proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True,
-                          cwd=str(REPO), timeout=60)
+                          cwd=str(tmp_path), timeout=60)  # not the tree: it would shadow an installed package
     assert proc.returncode == 0, proc.stderr
     assert "warning" not in proc.stderr
     records = [json.loads(line) for line in log.read_text().splitlines()]
@@ -534,7 +534,7 @@ def test_missing_pyacl_is_a_dependency_error(tmp_path):
 
     if importlib.util.find_spec("acl") is not None:
         pytest.skip("an `acl` module is importable in this environment")
-    device.shutdown()
+    device.finalize()
     path = static_model(tmp_path)
     with pytest.raises(DependencyError) as info:
         AclBackend(path).activate()
@@ -556,7 +556,7 @@ def test_unrelated_acl_module_is_recognised(tmp_path, monkeypatch):
     fake = tmp_path / "fake"
     fake.mkdir()
     (fake / "acl.py").write_text("'''a network ACL parser'''\n")
-    device.shutdown()
+    device.finalize()
     monkeypatch.syspath_prepend(str(fake))
     sys.modules.pop("acl", None)
     try:
@@ -584,7 +584,7 @@ def test_acllite_is_preferred_and_runs_clean(acllite, tmp_path):
     import acllite_model
 
     assert acllite_model.log == []
-    device.shutdown()
+    device.finalize()
     st(acl).assert_clean()
 
 
@@ -610,7 +610,7 @@ def test_acllite_dynamic_batch_and_nc1hwc0(acllite, tmp_path):
         (y2,) = b.run(None, {"x": x2})
     assert st(acl).executions()[-1].inputs["x"] == nc1hwc0_by_loop(x2, 16).tobytes()
     np.testing.assert_array_equal(y2, x2)
-    device.shutdown()
+    device.finalize()
     st(acl).assert_clean()
 
 
@@ -626,14 +626,14 @@ def test_acllite_errors_become_acl_errors(acllite, tmp_path):
         st(acl).fail("acl.mdl.execute", 507011)
         with pytest.raises(AclError, match="AclLiteModel.execute failed"):
             b.run(None, {"x": np.ones((2, 3, 4), np.float32)})
-    device.shutdown()
+    device.finalize()
     st(acl).assert_clean()
 
 
 def test_acllite_requested_but_missing(acl, tmp_path):
     with pytest.raises(DependencyError, match="acllite"):
         AclBackend(static_model(tmp_path), api="acllite").activate()
-    device.shutdown()
+    device.finalize()
     st(acl).assert_clean()
 
 
@@ -644,16 +644,20 @@ def test_acllite_requested_but_missing(acl, tmp_path):
 def test_device_refcount_and_shutdown_order(acl):
     ctx = device.acquire(0)
     assert device.acquire(0) == ctx
-    assert device.status() == {"initialized": True, "owns_finalize": True, "devices": {0: 2}, "open": 0}
+    assert device.status() == {"initialized": True, "owns_finalize": True, "finalized": False,
+                               "devices": {0: 2}, "open": 0}
     device.release(0)
     assert "acl.rt.destroy_context" not in st(acl).calls()
     device.release(0)
-    assert st(acl).calls()[-2:] == ["acl.rt.destroy_context", "acl.rt.reset_device"]
-    assert "acl.finalize" not in st(acl).calls()          # finalize only at exit / shutdown
+    assert [c for c in st(acl).calls() if c.startswith(("acl.rt.destroy", "acl.rt.reset"))] == [
+        "acl.rt.destroy_context", "acl.rt.reset_device"]
     assert device.shutdown() == []
+    assert "acl.finalize" not in st(acl).calls()          # finalize only at exit
+    st(acl).assert_clean(finalized=False)
+    assert device.finalize() == []
     assert st(acl).calls()[-1] == "acl.finalize"
     st(acl).assert_clean()
-    assert device.shutdown() == []                        # idempotent
+    assert device.finalize() == []                        # idempotent
     assert st(acl).calls().count("acl.finalize") == 1
 
 
@@ -661,7 +665,7 @@ def test_acl_initialised_by_someone_else_is_not_finalised_by_us(acl):
     assert acl.init() == 0                                # e.g. user code or another library
     device.acquire(0)
     device.release(0)
-    device.shutdown()
+    device.finalize()
     assert "acl.finalize" not in st(acl).calls()
     assert st(acl).leaks() == []
 
@@ -669,7 +673,7 @@ def test_acl_initialised_by_someone_else_is_not_finalised_by_us(acl):
 def test_invalid_device_id(acl, tmp_path):
     with pytest.raises(AclError, match=r"acl.rt.set_device returned 107001.*invalid device id.*device 3"):
         AclBackend(static_model(tmp_path), device_id=3, api="pyacl").activate()
-    device.shutdown()
+    device.finalize()
     st(acl).assert_clean()
 
 
@@ -683,7 +687,8 @@ def test_dropped_backend_is_closed_at_shutdown(acl, tmp_path):
     gc.collect()
     assert device.status()["open"] == 1
     assert device.shutdown() == []
-    st(acl).assert_clean()
+    st(acl).assert_clean(finalized=False)
+    assert device.status()["open"] == 0 and device.status()["devices"] == {}
 
 
 def test_device_run_mode_copies_device_to_device(acl, tmp_path):
@@ -694,8 +699,124 @@ def test_device_run_mode_copies_device_to_device(acl, tmp_path):
     with AclBackend(path, api="pyacl") as b:
         y, _ = b.run(None, {"x": x})
     np.testing.assert_array_equal(y, 2 * x + 1)
-    device.shutdown()
+    device.finalize()
     st(acl).assert_clean()
+
+
+def test_stand_in_refuses_init_after_finalize(acl):
+    """The oracle of the next test: pyACL allows one init/finalize per process."""
+    assert acl.init() == 0 and acl.finalize() == 0
+    acl.init()
+    assert any("acl.init after acl.finalize" in v for v in st(acl).violations())
+    assert acl.rt.set_device(0) == 100001                 # nothing works again
+
+
+def test_shutdown_keeps_acl_initialised_and_the_next_session_does_not_init_again(acl, tmp_path):
+    path = static_model(tmp_path)
+    st(acl).set_compute(path, affine)
+    x = np.ones((2, 3, 4), np.float32)
+    for _ in range(2):                                    # the old shutdown() finalised: init ran twice
+        with AclBackend(path, api="pyacl") as b:
+            np.testing.assert_array_equal(b.run(["y"], {"x": x})[0], 2 * x + 1)
+        assert device.shutdown() == []
+        assert "acl.finalize" not in st(acl).calls()
+    calls = st(acl).calls()
+    assert calls.count("acl.init") == 1 and calls.count("acl.rt.set_device") == 2
+    assert st(acl).violations() == []
+    device.finalize()
+    st(acl).assert_clean()
+
+
+def test_after_finalize_acquire_refuses_instead_of_initialising_again(acl, tmp_path):
+    device.acquire(0)
+    device.release(0)
+    device.finalize()
+    with pytest.raises(AclError, match="finalised in this process") as info:
+        AclBackend(static_model(tmp_path), api="pyacl").activate()
+    assert info.value.exit_code == 3
+    assert st(acl).calls().count("acl.init") == 1 and st(acl).violations() == []
+
+
+def _own_context(acl):
+    """What user code (or another library) does before using npu-deploy: its own device context."""
+    assert acl.init() in (0, 100002) and acl.rt.set_device(0) == 0
+    ctx, ret = acl.rt.create_context(0)
+    assert ret == 0
+    return ctx
+
+
+def _drop_own_context(acl, ctx):
+    assert acl.rt.destroy_context(ctx) == 0 and acl.rt.reset_device(0) == 0
+
+
+def test_the_callers_context_is_current_again_after_open_run_and_close(acl, tmp_path):
+    path = static_model(tmp_path)
+    st(acl).set_compute(path, affine)
+    mine = _own_context(acl)
+    x = np.ones((2, 3, 4), np.float32)
+    with AclBackend(path, api="pyacl") as b:
+        assert acl.rt.get_context() == (mine, 0)          # after activation
+        b.run(None, {"x": x})
+        assert acl.rt.get_context() == (mine, 0)          # after a run
+    # the old code left the thread on the destroyed session context here (get_context: no context)
+    assert acl.rt.get_context() == (mine, 0)
+    ptr, ret = acl.rt.malloc(64, 0)                       # the caller's own work goes on, in its context
+    assert ret == 0 and acl.rt.free(ptr) == 0
+    assert st(acl).violations() == []
+    _drop_own_context(acl, mine)
+    device.finalize()                                     # the user initialised ACL: the user finalises
+    assert "acl.finalize" not in st(acl).calls() and acl.finalize() == 0
+    st(acl).assert_clean()
+
+
+def test_a_worker_thread_is_not_left_on_a_destroyed_context(acl, tmp_path):
+    """Thread B runs a session that thread A owns, then A closes it: B must still be on its own
+    context, not on the session's (destroyed) one."""
+    path = static_model(tmp_path)
+    st(acl).set_compute(path, affine)
+    b = AclBackend(path, api="pyacl")
+    b.activate()
+    ran, closed, out = threading.Event(), threading.Event(), {}
+
+    def worker():
+        assert acl.rt.set_device(0) == 0                  # B's own device reference and context
+        mine, ret = acl.rt.create_context(0)
+        out["mine"] = mine
+        b.run(None, {"x": np.ones((2, 3, 4), np.float32)})
+        out["after_run"] = acl.rt.get_context()
+        ran.set()
+        closed.wait(10)
+        ptr, ret = acl.rt.malloc(64, 0)                   # the old code: a use of a destroyed context
+        out["malloc"] = ret
+        if ret == 0:
+            acl.rt.free(ptr)
+        acl.rt.destroy_context(mine)
+        acl.rt.reset_device(0)
+
+    t = threading.Thread(target=worker, name="worker-B")
+    t.start()
+    ran.wait(10)
+    b.deactivate()
+    closed.set()
+    t.join(10)
+    assert out["after_run"] == (out["mine"], 0)
+    assert out["malloc"] == 0 and st(acl).violations() == []
+    device.finalize()
+    st(acl).assert_clean()
+
+
+def test_stand_in_flags_any_use_of_a_destroyed_context(acl):
+    """Oracle: a thread whose current context another thread destroyed still names it, and using it
+    is a violation."""
+    assert acl.init() == 0 and acl.rt.set_device(0) == 0
+    ctx, _ = acl.rt.create_context(0)
+    t = threading.Thread(target=lambda: acl.rt.destroy_context(ctx))
+    t.start()
+    t.join()
+    assert acl.rt.get_context() == (ctx, 0)               # the stale handle
+    assert acl.rt.malloc(64, 0) == (0, 107002)
+    assert any("was destroyed" in v for v in st(acl).violations())
+    acl.rt.reset_device(0)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -732,7 +853,7 @@ def test_real_model_through_nc1hwc0_fp16_input_and_batch_gears(acl, tmp_path, re
     expected = ref.run(None, {"x": x.astype(np.float32)})[0]
     assert probs.shape == (3, 2)
     np.testing.assert_allclose(probs, expected, rtol=1e-5, atol=1e-6)
-    device.shutdown()
+    device.finalize()
     st(acl).assert_clean()
 
 
@@ -797,7 +918,7 @@ def test_dynamic_hw_gears(acl, tmp_path):
         with pytest.raises(InputError, match="gear"):
             b.run(None, {"x": np.zeros((1, 3, 5, 5), np.float32)})
     assert [c[1] for c in st(acl).call_log() if c[0] == "acl.mdl.set_dynamic_hw_size"] == [0, 0]
-    device.shutdown()
+    device.finalize()
     st(acl).assert_clean()
 
 
@@ -838,7 +959,7 @@ def test_dynamic_dims_gears(acl, tmp_path):
             assert st(acl).executions()[-1].gear == (g0, g1)
     with pytest.raises(InputError, match=r"dims \[1, 5\] are not a gear"):
         AclBackend(path, api="pyacl", dynamic_dims=[1, 5]).activate()
-    device.shutdown()
+    device.finalize()
     st(acl).assert_clean()
 
 
@@ -850,7 +971,7 @@ def test_acllite_is_bypassed_for_hw_models(acllite, tmp_path):
         AclBackend(path, api="acllite").activate()
     with AclBackend(path) as b:
         assert b.api_used == "pyacl"
-    device.shutdown()
+    device.finalize()
     st(acl).assert_clean()
 
 
@@ -877,5 +998,5 @@ def test_random_nc1hwc0_shapes_reach_the_device_packed(acl, tmp_path):
         np.testing.assert_array_equal(y, x)
 
     check()
-    device.shutdown()
+    device.finalize()
     st(acl).assert_clean()

@@ -12,8 +12,8 @@ from hypothesis.extra import numpy as hnp
 
 from npu_deploy.errors import InputError, ModelError
 from npu_deploy.runtime.backend import TensorMeta
-from npu_deploy.runtime.compare import (CompareResult, compare, compare_arrays, generate_inputs, load_inputs,
-                                        save_inputs)
+from npu_deploy.runtime.compare import (CompareResult, check_thresholds, compare, compare_arrays,
+                                        generate_inputs, load_inputs, save_inputs)
 
 from .bundles import conv_model, io_entry, make_bundle
 
@@ -68,6 +68,40 @@ def test_nan_inf_accounting():
     c = compare_arrays("y", ref, tgt, atol=1e-3, rtol=0)
     assert (c.nan_ref, c.nan_target, c.inf_ref, c.inf_target) == (1, 2, 1, 1)
     assert c.outside == 1 and not c.passed and "NaN" in c.reason
+
+
+@pytest.mark.parametrize("ref_all_nan", [False, True])
+def test_an_output_with_no_finite_value_never_looks_perfect(ref_all_nan):
+    ref = np.full(50, np.nan, np.float32) if ref_all_nan else np.linspace(-1, 1, 50, dtype=np.float32)
+    tgt = np.full(50, np.nan, np.float32)
+    c = compare_arrays("y", ref, tgt, atol=1e-3, rtol=1e-3)
+    assert not c.passed and c.nan_target == 50 and c.finite == 0
+    assert (c.cosine, c.max_abs, c.max_rel, c.rmse) == (None, None, None, None)
+    assert "no element is finite" in c.reason
+    res = CompareResult(outputs=[c], atol=1e-3, rtol=1e-3)
+    row = res.table().splitlines()[1].split()
+    assert row[2:6] == ["n/a"] * 4 and row[7] == "50/0"
+    assert not res and res.verdict().startswith("FAIL") and "n/a" in res.verdict()
+    assert res.to_dict()["outputs"][0]["cosine"] is None  # JSON says null, not 1.0
+
+
+def test_metrics_over_partly_nonfinite_outputs_use_the_finite_pairs_only():
+    ref = np.array([1.0, 2.0, np.nan, 4.0, np.inf], np.float64)
+    tgt = np.array([1.5, 2.0, np.nan, 3.0, np.inf], np.float64)
+    c = compare_arrays("y", ref, tgt, atol=10, rtol=0)
+    assert c.finite == 3 and c.max_abs == 1.0 and c.passed  # NaN and Inf in the same places on both sides
+    assert c.rmse == pytest.approx(math.sqrt((0.25 + 0 + 1) / 3))
+
+
+@pytest.mark.parametrize("kw", [{"atol": float("nan")}, {"atol": float("inf")}, {"atol": -1e-3},
+                                {"rtol": float("nan")}, {"rtol": float("-inf")}, {"cosine_min": float("nan")},
+                                {"max_outside": float("nan")}, {"max_outside": 2.0}])
+def test_thresholds_that_cannot_judge_are_refused(kw, pair):
+    with pytest.raises(InputError):
+        check_thresholds(**kw)
+    ref, good, _, _ = pair
+    with pytest.raises(InputError):  # the API refuses them too
+        compare(ref, good, **kw)
 
 
 def test_shape_mismatch_and_ints_and_cosine_min():

@@ -35,6 +35,11 @@ Conventions this builder follows (mirrored by GE, and what the ACL stand-in read
   ``_mbatch_origin_input_dims`` (dims with -1) while their ``output_desc`` has the largest gear; a
   ``Case`` op carries ``batch_num``, ``_pred_value_<i>`` (list int per gear) and
   ``mbatch_dynamic_type`` (1 batch, 2 image size, 3 dims);
+* ATC's fusion mapping (accuracy-debug.md §4): ``op(..., original_names=[...])`` writes the op attr
+  ``_datadump_original_op_names`` (``[]``: inserted by ATC; None: not written, the op is its own
+  original node), ``tensor(..., origin=(node, index))`` an output descriptor's ``_datadump_origin_name``
+  / ``_datadump_origin_output_index``; op ``inputs`` are edges ``"producer:index"`` and an output's
+  ``source=`` is the NetOutput edge;
 * model attrs: ``soc_version``, ``atc_version``, ``framework_type``, ``atc_cmdline`` (each when not
   None), ``memory_size``, ``weight_size``, ``stream_num``, ``event_num``, ``attr_model_out_nodes_name``,
   plus anything in ``model_attrs`` (e.g. ``{"om_info_list": [...]}``).
@@ -180,37 +185,47 @@ ModelDef, GraphDef, OpDef, TensorDescriptor, AttrDef = (PB[k] for k in
 
 def tensor(name: str, dtype: str = "float16", shape: Sequence[int] = (1,), format: str | int = "ND",
            *, origin_format: str | None = None, size: int | None = None,
-           origin_shape: Sequence[int] | None = None) -> dict:
+           origin_shape: Sequence[int] | None = None, origin: tuple[str, int] | None = None,
+           source: str | None = None) -> dict:
     """A tensor spec for ``inputs=``/``outputs=``/op descs. ``format`` is a name or a packed
-    ge::Format word (int). ``origin_shape`` (optional) is stored as the list-int attr ``origin_shape``."""
+    ge::Format word (int). ``origin_shape`` (optional) is stored as the list-int attr ``origin_shape``.
+    ``origin=(node, index)`` writes ATC's fusion mapping on an output descriptor
+    (``_datadump_origin_name`` / ``_datadump_origin_output_index``, accuracy-debug.md §4). ``source``
+    (outputs only): the NetOutput input edge, ``"producer:index"`` (default ``"<name>:0"``)."""
     return {"name": name, "dtype": dtype, "shape": list(shape), "format": format,
             "origin_format": origin_format, "size": size,
-            "origin_shape": list(origin_shape) if origin_shape is not None else None}
+            "origin_shape": list(origin_shape) if origin_shape is not None else None,
+            "origin": tuple(origin) if origin is not None else None, "source": source}
 
 
 def op(name: str, type: str, *, inputs: Sequence[str] = (), input_desc: Sequence[dict] = (),
        output_desc: Sequence[dict] = (), attrs: dict | None = None, engine: str | None = "AIcoreEngine",
-       graph: int = 0) -> dict:
+       graph: int = 0, original_names: Sequence[str] | None = None) -> dict:
     """An op spec for ``ops=``. ``attrs`` values: str, int, float, bool, list of int/str/float,
-    list of list of int. ``graph`` selects the GraphDef (0 = main; higher = extra subgraphs)."""
+    list of list of int. ``graph`` selects the GraphDef (0 = main; higher = extra subgraphs).
+    ``original_names`` writes ``_datadump_original_op_names`` as ATC does (a string list; ``[]`` for an
+    op ATC inserted); None leaves the attribute out (the op is the original node of its name)."""
     return {"name": name, "type": type, "inputs": list(inputs), "input_desc": list(input_desc),
             "output_desc": list(output_desc), "attrs": dict(attrs or {}), "engine": engine,
-            "graph": graph}
+            "graph": graph, "original_names": list(original_names) if original_names is not None else None}
 
 
 def transdata(name: str, src: str | int, dst: str | int, shape: Sequence[int], dtype: str = "float16",
               *, out_shape: Sequence[int] | None = None, inputs: Sequence[str] = (),
-              attr_as_int: bool = False, engine: str = "AIcoreEngine", graph: int = 0) -> dict:
+              attr_as_int: bool = False, engine: str = "AIcoreEngine", graph: int = 0,
+              original_names: Sequence[str] | None = None, origin: tuple[str, int] | None = None) -> dict:
     """A TransData op with ``src_format``/``dst_format`` attrs (strings, or ge::Format ints when
-    ``attr_as_int``) and matching input/output descriptors."""
+    ``attr_as_int``) and matching input/output descriptors. ``original_names=[]`` marks it inserted by
+    ATC (as real files do); ``origin`` puts the fusion mapping on its output descriptor."""
     def val(f):
         if attr_as_int:
             return f if isinstance(f, int) else GE_FORMAT[f]
         return f if isinstance(f, str) else _FORMAT_NAME[f & 0xFF]
     return op(name, "TransData", inputs=inputs,
               input_desc=[tensor(f"{name}_in", dtype, shape, src)],
-              output_desc=[tensor(f"{name}_out", dtype, out_shape or shape, dst)],
-              attrs={"src_format": val(src), "dst_format": val(dst)}, engine=engine, graph=graph)
+              output_desc=[tensor(f"{name}_out", dtype, out_shape or shape, dst, origin=origin)],
+              attrs={"src_format": val(src), "dst_format": val(dst)}, engine=engine, graph=graph,
+              original_names=original_names)
 
 
 def _norm(spec: Any) -> dict:
@@ -277,6 +292,10 @@ def _fill_desc(td, spec: dict, shape: Sequence[int] | None = None) -> None:
         _set_attr(td.attr["origin_format"], spec["origin_format"])
     if spec.get("origin_shape") is not None:
         _set_attr(td.attr["origin_shape"], [int(d) for d in spec["origin_shape"]])
+    if spec.get("origin") is not None:
+        node, index = spec["origin"]
+        _set_attr(td.attr["_datadump_origin_name"], node)
+        _set_attr(td.attr["_datadump_origin_output_index"], int(index))
     td.size = spec["size"] if spec.get("size") is not None else _nbytes(spec["dtype"], shape)
     td.real_dim_cnt = len(shape)
 
@@ -345,6 +364,10 @@ def _model_def(*, model_name: str, soc_version: str | None, atc_version: str | N
             _set_attr(o.attr["_ge_attr_op_kernel_lib_name"], spec["engine"])
         for k, v in spec.get("attrs", {}).items():
             _set_attr(o.attr[k], v)
+        if spec.get("original_names") is not None:
+            a = o.attr["_datadump_original_op_names"]
+            a.list.s.extend(n.encode() for n in spec["original_names"])
+            a.list.val_type = 1  # VT_LIST_STRING, also when empty (as ATC writes it)
     net = main.op.add(name="Node_Output", type="NetOutput")
     _set_attr(net.attr["_ge_attr_op_kernel_lib_name"], "DNN_VM_GE_LOCAL_OP_STORE")
     for spec in outputs:
@@ -352,7 +375,7 @@ def _model_def(*, model_name: str, soc_version: str | None, atc_version: str | N
         shape = list(spec["shape"])
         if max_gear is not None and dyn_type == 1:
             shape = [max_gear[0] if d == -1 else d for d in shape]
-        net.input.append(f"{spec['name']}:0")
+        net.input.append(spec.get("source") or f"{spec['name']}:0")
         _fill_desc(net.input_desc.add(), spec, shape)
 
     attrs: dict[str, Any] = {}

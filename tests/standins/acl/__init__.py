@@ -22,6 +22,11 @@ from acl import _standin  # noqa: E402,F401
 @api("acl.init", "|s")
 def init(config_path: str | None = None) -> int:
     S.init_calls += 1
+    if S.finalized:
+        # acl.h: aclInit "can be called only once in a process"; after aclFinalize "the services
+        # cannot continue to be used normally": nothing works again, whatever init returns
+        S.violate("acl.init after acl.finalize: pyACL allows one init/finalize per process")
+        return 100002
     if S.initialized:
         return 100002
     S.initialized = True

@@ -10,8 +10,12 @@ datasets, model descriptions and loaded models.
 Rules enforced (each returns the documented error code and, when it is a contract breach rather than
 a runtime condition, is also recorded in :attr:`State.violations`):
 
-* nothing before ``acl.init`` (100001); a second init is 100002; finalize twice is 100037;
-* runtime calls need a current context in *this thread* (107002);
+* nothing before ``acl.init`` (100001); a second init is 100002; finalize twice is 100037; ``acl.init``
+  after ``acl.finalize`` is a violation (one init/finalize per process) and nothing works after it;
+* runtime calls need a current context in *this thread* (107002); a thread whose current context was
+  destroyed (by another thread, or by ``reset_device``) keeps naming it (``get_context`` returns the
+  stale handle, as the runtime's thread-local slot does) and any use of it is a violation; destroying
+  the calling thread's own current context leaves that thread without one;
 * memcpy: ``count <= destMax``, the ranges lie inside live allocations, the kind matches the pointers
   (H2D: device destination, host source; D2H the reverse; D2D; H2H; DEFAULT inferred);
 * free / destroy of an unknown or already released handle (double free);
@@ -223,6 +227,7 @@ class State:
             self.devices: dict[int, int] = {}
             self.default_ctx: dict[int, int] = {}
             self.contexts: dict[int, int] = {}          # ctx -> device
+            self.destroyed: set[int] = set()            # contexts destroyed (a thread may still name one)
             self.tls = threading.local()
             self.streams: dict[int, int] = {}           # stream -> ctx
             self.mem: dict[int, Alloc] = {}             # device allocations
@@ -274,7 +279,11 @@ class State:
         if not self.initialized:
             return 100001
         ctx = self.current_ctx
-        if ctx is None or ctx not in self.contexts:
+        if ctx is not None and ctx not in self.contexts:
+            self.violate(f"{name} called in thread {threading.current_thread().name!r} whose current context "
+                         f"{hex(ctx)} was destroyed")
+            return 107002
+        if ctx is None:
             self.violate(f"{name} called in thread {threading.current_thread().name!r} without a current "
                          f"context (acl.rt.set_context first)")
             return 107002

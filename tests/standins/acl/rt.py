@@ -37,11 +37,11 @@ def reset_device(device_id: int) -> int:
     if device_id not in S.devices:
         S.violate(f"acl.rt.reset_device({device_id}) on a device that is not set")
         return 107001
-    own = [c for c, d in S.contexts.items() if d == device_id and c != S.default_ctx.get(device_id)]
-    if own:
-        S.violate(f"acl.rt.reset_device({device_id}) with context(s) {[hex(c) for c in own]} not destroyed")
     S.devices[device_id] -= 1
-    if S.devices[device_id] == 0:
+    if S.devices[device_id] == 0:  # set_device/reset_device are reference counted: the last reset frees
+        own = [c for c, d in S.contexts.items() if d == device_id and c != S.default_ctx.get(device_id)]
+        if own:
+            S.violate(f"acl.rt.reset_device({device_id}) with context(s) {[hex(c) for c in own]} not destroyed")
         del S.devices[device_id]
         left = [hex(p) for p, a in S.mem.items() if a.device == device_id]
         if left:
@@ -51,6 +51,7 @@ def reset_device(device_id: int) -> int:
             S.violate(f"acl.rt.reset_device({device_id}) with model(s) {loaded} still loaded")
         ctx = S.default_ctx.pop(device_id)
         S.contexts.pop(ctx, None)
+        S.destroyed.add(ctx)
         if S.current_ctx == ctx:
             S.current_ctx = None
     return 0
@@ -86,7 +87,8 @@ def destroy_context(ctx: int) -> int:
     if mem:
         S.violate(f"acl.rt.destroy_context({hex(ctx)}) with device memory {mem} not freed")
     del S.contexts[ctx]
-    if S.current_ctx == ctx:
+    S.destroyed.add(ctx)
+    if S.current_ctx == ctx:  # this thread is left without a context; other threads naming ctx are not
         S.current_ctx = None
     return 0
 
@@ -107,9 +109,9 @@ def get_context() -> tuple[int, int]:
     ctx = S.current_ctx
     if not S.initialized:
         return 0, 100001
-    if ctx is None or ctx not in S.contexts:
+    if ctx is None:
         return 0, 107002
-    return ctx, 0
+    return ctx, 0   # possibly a destroyed context: the thread-local slot still holds it
 
 
 @api("acl.rt.get_run_mode", "", ret="pair")

@@ -1,0 +1,155 @@
+"""The emulator executes the plan: a wrong plan gives wrong numbers.
+
+Real model (PP-OCR cls, a real PyPI wheel): its bundle matches onnxruntime; the same bundle with one
+planned TransData dropped, or one tensor's planned format changed, no longer does — ``compare`` fails.
+The oracle is onnxruntime on the original model, independent of the plan."""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import onnx
+import pytest
+from onnx import helper, numpy_helper
+
+import npu_deploy
+from npu_deploy.converters.bundle import WeightEntry, read_bundle, write_bundle
+from npu_deploy.runtime.compare import compare
+from npu_deploy.runtime.emulator import EmulatorBackend
+
+SHAPE = {"x": (1, 3, 48, 192)}
+
+
+def rewrite(src, dst, edit):
+    """A copy of bundle ``src`` whose manifest went through ``edit`` (graph and weights as they are)."""
+    with read_bundle(src) as b:
+        man = copy.deepcopy(b.manifest)
+        edit(man)
+        entries = [WeightEntry(n, w.format, w.logical_shape, np.array(b.packed(n)), c0=w.c0, groups=w.groups,
+                               origin=w.origin, onnx_shape=w.onnx_shape) for n, w in b.weights.items()]
+        write_bundle(dst, man, b.graph, entries)
+    return dst
+
+
+@pytest.fixture(scope="module")
+def cls_bundle(real_model, tmp_path_factory):
+    model = real_model("ppocr_cls")
+    out = tmp_path_factory.mktemp("plan") / "cls.bundle"
+    npu_deploy.convert(str(model), output=str(out), backend="builtin", precision_mode="must_keep_origin_dtype",
+                       input_shapes=SHAPE)
+    x = np.random.default_rng(0).standard_normal(SHAPE["x"]).astype(np.float32)
+    return model, out, {"x": x}
+
+
+@pytest.mark.realmodel
+def test_the_plan_is_what_runs(cls_bundle):
+    model, bundle, feeds = cls_bundle
+    assert compare(model, bundle, inputs=feeds)
+    with EmulatorBackend(bundle) as b:
+        b.run(None, feeds)
+        pg = b.last_plan_graph
+        man = b.manifest
+    # every planned TransData ran, no buffer was read in a format it was not stored in
+    assert sorted(pg.transdata) == sorted(t["name"] for t in man["transdata"])
+    assert pg.reinterpreted == []
+    blocked = {t for t, s in pg.stored.items() if s.format == "NC1HWC0"}
+    assert blocked and all(pg.stored[t].storage[-1] == 16 for t in blocked)  # C padded to C0
+    want = {t for t, f in man["tensor_formats"].items() if f == "NC1HWC0"}
+    assert want <= set(pg.stored) and all(pg.stored[t].format == "NC1HWC0" for t in want)
+
+
+@pytest.mark.realmodel
+def test_literal_execution_gives_the_same_bytes(cls_bundle):
+    """``literal=True`` builds every tensor's device buffer (C padded to C0) and has every reader
+    unpack it; the default hands a same-format reader the value the buffer was made from. Both must
+    give the same outputs (unpack(pack(x)) == x); onnxruntime fuses differently around the layout
+    nodes (Conv+Add into one kernel or not), so the last bit may differ."""
+    _, bundle, feeds = cls_bundle
+    with EmulatorBackend(bundle) as fast, EmulatorBackend(bundle, literal=True) as lit:
+        (a,), (b,) = fast.run(None, feeds), lit.run(None, feeds)
+        n_fast, n_lit = len(fast.last_plan_graph.model.graph.node), len(lit.last_plan_graph.model.graph.node)
+        assert lit.last_plan_graph.storage_ops  # elementwise ops ran on the padded storage
+    np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
+    assert n_lit > 2 * n_fast
+
+
+@pytest.mark.realmodel
+@pytest.mark.parametrize("literal", [False, True])
+def test_dropping_one_transdata_fails_compare(cls_bundle, tmp_path, literal):
+    model, bundle, feeds = cls_bundle
+
+    def drop(man):
+        tds = [t for t in man["transdata"] if t.get("producer")]  # one on the device, not at the input
+        assert tds, "the plan has no device-side TransData to drop"
+        man["transdata"].remove(tds[0])
+
+    bad = rewrite(bundle, tmp_path / "no_td.bundle", drop)
+    with EmulatorBackend(bad, literal=literal) as b:
+        (y,) = b.run(None, feeds)
+    res = compare(model, bad, inputs=feeds)
+    assert not res, res.table()
+    (ref,) = __import__("onnxruntime").InferenceSession(str(model)).run(None, feeds)
+    assert not np.allclose(y, ref, atol=1e-3)
+
+
+@pytest.mark.realmodel
+def test_one_wrong_planned_format_fails_compare(cls_bundle, tmp_path):
+    model, bundle, feeds = cls_bundle
+
+    def corrupt(man):
+        # the first Conv after the stem writes plain NCHW although its consumer reads NC1HWC0
+        convs = [k for k, v in man["node_formats"].items() if v["op_type"] == "Conv"]
+        nf = man["node_formats"][convs[1]]
+        assert nf["output_formats"] == ["NC1HWC0"]
+        nf["output_formats"] = ["NCHW"]
+
+    bad = rewrite(bundle, tmp_path / "wrong_fmt.bundle", corrupt)
+    res = compare(model, bad, inputs=feeds)
+    assert not res, res.table()
+    with EmulatorBackend(bad) as b:
+        b.run(None, feeds)
+        assert b.last_plan_graph.reinterpreted  # the consumer saw NCHW bytes as NC1HWC0
+
+
+def _mlp_model():
+    rng = np.random.default_rng(4)
+    w = rng.standard_normal((40, 24)).astype(np.float32)
+    bias = rng.standard_normal(24).astype(np.float32)
+    nodes = [helper.make_node("MatMul", ["x", "W"], ["m"], name="mm"),
+             helper.make_node("Add", ["m", "B"], ["a"], name="add"),
+             helper.make_node("Relu", ["a"], ["y"], name="relu")]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", 1, [20, 40])],
+                          [helper.make_tensor_value_info("y", 1, [20, 24])],
+                          [numpy_helper.from_array(w, "W"), numpy_helper.from_array(bias, "B")])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_fractal_nz_chain_runs_on_the_storage(tmp_path):
+    """MatMul → Add(bias) → Relu planned in FRACTAL_NZ: the Add and Relu run on the NZ storage
+    (M = 20 padded to 32, N = 24 padded to 32), the bias converted at compile time."""
+    path = tmp_path / "mlp.onnx"
+    onnx.save(_mlp_model(), path)
+    out = tmp_path / "mlp.bundle"
+    npu_deploy.convert(str(path), output=str(out), backend="builtin", precision_mode="must_keep_origin_dtype")
+    x = np.random.default_rng(5).standard_normal((20, 40)).astype(np.float32)
+    assert compare(path, out, inputs={"x": x})
+    with EmulatorBackend(out, literal=True) as b:
+        (y,) = b.run(None, {"x": x})
+        pg = b.last_plan_graph
+    (ref,) = __import__("onnxruntime").InferenceSession(str(path)).run(None, {"x": x})
+    np.testing.assert_allclose(y, ref, rtol=1e-5, atol=1e-5)
+    assert pg.stored["a"].format == "FRACTAL_NZ" and pg.stored["a"].storage == (2, 2, 16, 16)
+    assert set(pg.storage_ops) >= {"add", "relu"}
+
+
+def test_original_graph_mode_is_kept_for_benchmarks(tmp_path):
+    path = tmp_path / "mlp.onnx"
+    onnx.save(_mlp_model(), path)
+    out = tmp_path / "mlp.bundle"
+    npu_deploy.convert(str(path), output=str(out), backend="builtin")
+    x = np.random.default_rng(6).standard_normal((20, 40)).astype(np.float32)
+    with EmulatorBackend(out) as plan, EmulatorBackend(out, execute_plan=False) as orig:
+        (a,), (b,) = plan.run(None, {"x": x}), orig.run(None, {"x": x})
+        assert orig.last_plan_graph is None
+    np.testing.assert_allclose(a, b, rtol=2e-3, atol=2e-3)  # both round to fp16, at different points
