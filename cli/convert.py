@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import click
 
+from npu_deploy._text import printable
 from npu_deploy.cli.options import parse_input_shapes, parse_int_list, refuse_overwriting, soc_option
 from npu_deploy.converters.options import ALL_INPUT_FORMATS, ALL_PRECISION_MODES, BACKENDS
 
@@ -96,5 +97,7 @@ def command(model, output, backend, soc, input_shape, input_format, dynamic_batc
             click.echo("TransData kept, and why:")
             for t in rep.transdata:
                 click.echo(f"  {t['name']}: {t['tensor']} {t['src_format']} -> {t['dst_format']}: {t['reason']}")
+            for d in rep.atc_differences:
+                click.echo(printable(f"differs from ATC: {d}"))
     click.echo(result.verdict())
     return 0

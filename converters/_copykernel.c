@@ -184,6 +184,48 @@ static inline void tr8x8_u8(char *d, i64 dstride, const char *s, i64 sstride) {
     }
 }
 
+/* 16 source rows of 8 bytes -> 8 destination rows of 16 bytes (dst row c = byte c of the 16 source
+ * rows): for byte transposes whose destination rows are far apart (NC1HWC0 int8 unpack), 8 rows in
+ * flight fit an 8-way L1 set where 16 would thrash it */
+static inline void tr16x8_u8_st(char *d, i64 dstride, const char *s, i64 sstride, int nt) {
+    __m128i a[8], b0[4], b1[4], e[4][2];
+    for (int k = 0; k < 8; k++)
+        a[k] = _mm_unpacklo_epi8(_mm_loadl_epi64((const __m128i *)(s + (2 * k) * sstride)),
+                                 _mm_loadl_epi64((const __m128i *)(s + (2 * k + 1) * sstride)));
+    for (int k = 0; k < 4; k++) {          /* rows 4k..4k+3: b0 columns 0-3, b1 columns 4-7 */
+        b0[k] = _mm_unpacklo_epi16(a[2 * k], a[2 * k + 1]);
+        b1[k] = _mm_unpackhi_epi16(a[2 * k], a[2 * k + 1]);
+    }
+    for (int h = 0; h < 2; h++) {          /* rows 8h..8h+7: e[q] columns 2q, 2q+1 */
+        e[0][h] = _mm_unpacklo_epi32(b0[2 * h], b0[2 * h + 1]);
+        e[1][h] = _mm_unpackhi_epi32(b0[2 * h], b0[2 * h + 1]);
+        e[2][h] = _mm_unpacklo_epi32(b1[2 * h], b1[2 * h + 1]);
+        e[3][h] = _mm_unpackhi_epi32(b1[2 * h], b1[2 * h + 1]);
+    }
+    for (int q = 0; q < 4; q++) {
+        NPD_ST(d + (2 * q) * dstride, _mm_unpacklo_epi64(e[q][0], e[q][1]));
+        NPD_ST(d + (2 * q + 1) * dstride, _mm_unpackhi_epi64(e[q][0], e[q][1]));
+    }
+}
+
+/* nb x na bytes (nb a multiple of 8, na of 16) through tr16x8 */
+static void tile_u8_rows8(char *d, const char *s, i64 nb, i64 na, i64 db, i64 sa, int nt) {
+    for (i64 i = 0; i < nb; i += 8)
+        for (i64 j = 0; j < na; j += 16) tr16x8_u8_st(d + i * db + j, db, s + j * sa + i, sa, nt);
+}
+
+/* nb x na bytes (both multiples of 8) whose *source* rows are far apart (NC1HWC0 int8 pack: the C0
+ * source rows are H*W bytes apart): 8 source rows at a time across a run of 256 destination rows,
+ * so 8 source lines are in flight (one 8-way L1 set), not 16; the destination run (256 rows, a
+ * few KiB) stays in L1 until each line is complete */
+static void tile_u8_cols8(char *d, const char *s, i64 nb, i64 na, i64 db, i64 sa) {
+    for (i64 i0 = 0; i0 < nb; i0 += 256) {
+        i64 i1 = nb - i0 < 256 ? nb : i0 + 256;
+        for (i64 j = 0; j < na; j += 8)
+            for (i64 i = i0; i < i1; i += 8) tr8x8_u8(d + i * db + j, db, s + j * sa + i, sa);
+    }
+}
+
 /* and for 4 x 4 u32 (fp32, int32) */
 static inline void tr4x4_u32_st(char *d, i64 dstride, const char *s, i64 sstride, int nt) {
     __m128i r0 = _mm_loadu_si128((const __m128i *)(s + 0 * sstride));
@@ -259,10 +301,15 @@ static void tile_copy_nt(char *d, const char *s, i64 nb, i64 na, i64 db, i64 da,
             for (i64 j = 0; j < na; j += 8) tr8x8_u16_nt(d + i * db + j * 2, db, s + j * sa + i * 2, sa);
         return;
     }
+    if (nt && es == 1 && da == 1 && sb == 1 && db > 64 && (nb & 7) == 0 && (na & 15) == 0 && nb && na
+        && (((uintptr_t)d | (uintptr_t)db) & 15) == 0) {
+        tile_u8_rows8(d, s, nb, na, db, sa, 1);
+        return;
+    }
     /* bytes: only when the block's rows are close (pack: 16 rows within 1 KiB), so each line is
      * completed at once; 16 distant rows (unpack) would leave 16 half-written lines in flight */
     if (nt && es == 1 && da == 1 && sb == 1 && (nb & 15) == 0 && (na & 15) == 0 && nb && na && db <= 64
-        && (((uintptr_t)d | (uintptr_t)db) & 15) == 0) {
+        && sa <= 64 && (((uintptr_t)d | (uintptr_t)db) & 15) == 0) {
         for (i64 i = 0; i < nb; i += 16)
             for (i64 j = 0; j < na; j += 16) tr16x16_u8_nt(d + i * db + j, db, s + j * sa + i, sa);
         return;
@@ -281,6 +328,14 @@ static void tile_copy_nt(char *d, const char *s, i64 nb, i64 na, i64 db, i64 da,
 
 static void tile_copy(char *d, const char *s, i64 nb, i64 na, i64 db, i64 da, i64 sb, i64 sa, i64 es) {
 #if defined(__SSE2__)
+    if (es == 1 && da == 1 && sb == 1 && db > 64 && (nb & 7) == 0 && (na & 15) == 0 && nb && na) {
+        tile_u8_rows8(d, s, nb, na, db, sa, 0);
+        return;
+    }
+    if (es == 1 && da == 1 && sb == 1 && sa > 64 && db <= 64 && (nb & 7) == 0 && (na & 7) == 0 && nb && na) {
+        tile_u8_cols8(d, s, nb, na, db, sa);
+        return;
+    }
     if (es == 1 && da == 1 && sb == 1 && nb >= 16 && na >= 16) {
         NPD_BLOCKED(16, tr16x16_u8)
         return;

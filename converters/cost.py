@@ -82,10 +82,11 @@ from typing import Any, ClassVar, Iterable, Mapping, Sequence
 
 import numpy as np
 
+from npu_deploy import _thresholds
 from npu_deploy._result import Result
 from npu_deploy.errors import InputError, ModelError
 
-FORMATTRANS_THRESHOLD = 0.08
+FORMATTRANS_THRESHOLD_PCT = _thresholds.FORMATTRANS_THRESHOLD_PCT
 
 _DESIGN = "design.md (vendor datasheet figure)"
 
@@ -619,13 +620,17 @@ class CostReport(Result):
     compute_us: float
     formattrans_us: float
     total_us: float
-    formattrans_share: float
-    threshold: float = FORMATTRANS_THRESHOLD
+    formattrans_share: float  # 0..1 (the JSON field); formattrans_share_pct in percent
+    threshold_pct: float = FORMATTRANS_THRESHOLD_PCT
     estimated: bool = True
 
     @property
+    def formattrans_share_pct(self) -> float:
+        return 100.0 * self.formattrans_share
+
+    @property
     def flagged(self) -> bool:
-        return self.formattrans_share > self.threshold
+        return self.formattrans_share_pct > self.threshold_pct
 
     def __bool__(self) -> bool:
         return not self.flagged
@@ -645,7 +650,7 @@ class CostReport(Result):
         return (f"estimated on {self.soc} (cost model, not a measurement): "
                 f"{self.total_us / 1000:.3f} ms per inference, FormatTrans "
                 f"{100 * self.formattrans_share:.1f} % ({len(self.transdata)} TransData, "
-                f"threshold {100 * self.threshold:.0f} %) — {state}")
+                f"threshold {self.threshold_pct:g} %) — {state}")
 
     def to_dict(self) -> dict:
         d = super().to_dict()
@@ -659,7 +664,8 @@ class CostReport(Result):
                    transdata=[TransDataEstimate(**t) for t in d["transdata"]],
                    compute_us=d["compute_us"], formattrans_us=d["formattrans_us"],
                    total_us=d["total_us"], formattrans_share=d["formattrans_share"],
-                   threshold=d.get("threshold", FORMATTRANS_THRESHOLD))
+                   threshold_pct=d.get("threshold_pct", 100 * d["threshold"] if "threshold" in d
+                                       else FORMATTRANS_THRESHOLD_PCT))
 
 
 def _as_transdata(t: Any) -> EstimatedTransData:
@@ -677,7 +683,7 @@ def _as_transdata(t: Any) -> EstimatedTransData:
 
 def estimate(ops: Iterable[EstimatedOp], transdata: Iterable[Any] = (), soc: Any = "Ascend310P3",
              *, soc_profile: "SocProfile | str | os.PathLike | None" = None,
-             threshold: float = FORMATTRANS_THRESHOLD) -> CostReport:
+             threshold_pct: float = FORMATTRANS_THRESHOLD_PCT) -> CostReport:
     """Estimate every op and TransData and the FormatTrans share of the estimated total.
 
     ``soc_profile`` (a :class:`SocProfile` or a JSON path) overrides the built-in profile of ``soc``.
@@ -707,7 +713,7 @@ def estimate(ops: Iterable[EstimatedOp], transdata: Iterable[Any] = (), soc: Any
     soc_name = soc if isinstance(soc, str) and soc_profile is None else p.name
     return CostReport(soc=str(soc_name), profile=p.to_dict(), ops=op_rows, transdata=td_rows,
                       compute_us=compute, formattrans_us=trans, total_us=total,
-                      formattrans_share=share, threshold=threshold)
+                      formattrans_share=share, threshold_pct=threshold_pct)
 
 
 def tensor_types(model) -> tuple[dict[str, tuple[int, ...]], dict[str, np.dtype]]:

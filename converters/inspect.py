@@ -58,6 +58,7 @@ from pathlib import Path
 from typing import Any, ClassVar, Mapping, Sequence
 
 from npu_deploy._text import printable
+from npu_deploy._thresholds import FORMATTRANS_THRESHOLD_PCT
 from npu_deploy._result import Result
 from npu_deploy.errors import BundleError, InputError, ModelError
 
@@ -633,7 +634,8 @@ def _shape_text(shape: Any, names: Any = None) -> str:
 def _share_text(share: Any) -> str | None:
     if not isinstance(share, (int, float)):
         return None
-    flag = " (above the 8 % threshold: see which TransData below)" if share > 0.08 else ""
+    flag = (f" (above the {FORMATTRANS_THRESHOLD_PCT:g} % threshold: see which TransData below)"
+            if 100 * share > FORMATTRANS_THRESHOLD_PCT else "")
     return f"{100 * share:.1f} % of estimated device time{flag}"
 
 

@@ -82,6 +82,7 @@ import numpy as np
 import onnx
 from onnx import helper
 
+from npu_deploy import _thresholds
 from npu_deploy._result import Result
 from npu_deploy.converters import fusion
 from npu_deploy.errors import InputError, InternalError
@@ -99,7 +100,7 @@ HOST_LAYOUTS: dict[str, tuple[str, int]] = {"NHWC": ("NCHW", 4), "NDHWC": ("NCDH
 INPUT_FORMAT_RANKS: dict[str, int | None] = {"NCHW": 4, "NHWC": 4, "NCDHW": 5, "NDHWC": 5, "ND": None}
 
 PRECISION_MODES = ("force_fp16", "allow_fp32_to_fp16", "must_keep_origin_dtype", "allow_mix_precision")
-FORMATTRANS_THRESHOLD = 0.08
+FORMATTRANS_THRESHOLD_PCT = _thresholds.FORMATTRANS_THRESHOLD_PCT
 
 # Ops kept in float32 under allow_mix_precision (numerically sensitive: reductions, exponentials,
 # normalisations). npu-deploy's list, modelled on the "black list" idea of CANN's mixed precision.
@@ -1220,6 +1221,10 @@ def verify_plan(state: PlanState, transdata: list[TransData], node_formats: dict
             raise InternalError(f"plan: node {n.node.name} has no slot formats")
         if n.folded:
             continue  # computed at compile time: reads nothing at run time
+        for k, o in enumerate(n.node.output):
+            if o and state.is_activation(o) and not _same(nf.output_formats[k], state.tensor_format(o)):
+                raise InternalError(f"plan: {n.node.name} writes output {k} ({o}) as {nf.output_formats[k]}, "
+                                    f"but it is stored as {state.tensor_format(o)}")
         for j, t in enumerate(n.node.input):
             want = nf.input_formats[j]
             if not t:
@@ -1472,25 +1477,28 @@ class PlanReport(Result):
     # where this plan is known to differ from what ATC builds, each with how to check it on a real .om
     atc_differences: list = dataclasses.field(default_factory=list)
 
-    def formattrans_share(self) -> float | None:
-        """Estimated share of device time spent in TransData (0..1), or None without a cost profile."""
-        return None if self.cost is None else float(self.cost["formattrans_share"])
+    def formattrans_share_pct(self) -> float | None:
+        """Estimated share of device time spent in TransData, in percent (as ``ProfileReport``'s), or
+        None without a cost profile."""
+        return None if self.cost is None else 100.0 * float(self.cost["formattrans_share"])
+
+    formattrans_share = formattrans_share_pct  # the same name and unit as ProfileReport.formattrans_share
 
     def top_conversions(self, n: int = 10) -> list[dict]:
         """The ``n`` planned TransData with the largest estimated time (then bytes)."""
         return sorted(self.transdata, key=lambda t: (-(t.get("est_us") or 0), -t["bytes"]))[:n]
 
     def __bool__(self) -> bool:
-        share = self.formattrans_share()
-        return share is None or share <= FORMATTRANS_THRESHOLD
+        share = self.formattrans_share_pct()
+        return share is None or share <= FORMATTRANS_THRESHOLD_PCT
 
     def verdict(self) -> str:
-        share = self.formattrans_share()
+        share = self.formattrans_share_pct()
         if share is None:
             est = f"no cost profile for {self.soc}: FormatTrans share not estimated"
         else:
-            est = (f"estimated FormatTrans share {100 * share:.1f} % "
-                   f"({'above' if share > FORMATTRANS_THRESHOLD else 'within'} the 8 % threshold)")
+            est = (f"estimated FormatTrans share {share:.1f} % ({'above' if share > FORMATTRANS_THRESHOLD_PCT else 'within'} "
+                   f"the {FORMATTRANS_THRESHOLD_PCT:g} % threshold)")
         return (f"{est}; {self.transdata_count} TransData planned (naive {self.transdata_naive_count}), "
                 f"{_mb(self.transdata_bytes)} moved; arena {_mb(self.memory.get('arena_bytes', 0))} "
                 f"(lower bound {_mb(self.memory.get('lower_bound_bytes', 0))}, "
@@ -1512,7 +1520,7 @@ class PlanReport(Result):
             c = self.cost
             lines.append(f"  estimated device time: {c['total_us']:.1f} µs, of which TransData "
                          f"{c['formattrans_us']:.1f} µs = {100 * c['formattrans_share']:.1f} % (estimate"
-                         f"{'; above 8 %: FLAGGED' if c['formattrans_share'] > FORMATTRANS_THRESHOLD else ''})")
+                         f"{f'; above {FORMATTRANS_THRESHOLD_PCT:g} %: FLAGGED' if 100 * c['formattrans_share'] > FORMATTRANS_THRESHOLD_PCT else ''})")
         top = self.top_conversions(8)
         if top:
             lines.append("  planned TransData" + (f" (largest {len(top)} of {self.transdata_count}; all in --report)"
@@ -1953,6 +1961,16 @@ def atc_differences(state: PlanState) -> list[str]:
         out.append(f"{_names(rnn)} ({len(rnn)} recurrent op(s)) planned in ND here; ATC rewrites LSTM/GRU to "
                    f"DynamicRNN/DynamicGRUV2, which read FRACTAL_NZ activations and FRACTAL_ZN_RNN weights: "
                    f"expect TransData next to them in the .om that this plan does not count")
+    if state.precision_mode != "must_keep_origin_dtype":
+        ends = [t for t in [*state.graph_inputs, *state.graph_outputs]
+                if state.dtypes.get(t) == np.float32 and state.is_activation(t)]
+        casts = [t for t in ends if t in state.graph_inputs and any(
+            state.nodes[k].dtype == "float16" for k, _ in state.consumers.get(t, []))]
+        casts += [t for t in ends if t in state.graph_outputs and state.device_dtype(t) == np.float16]
+        if casts:
+            out.append(f"float32 graph inputs/outputs computed in float16 ({_names(casts)}): ATC inserts a Cast "
+                       f"next to each (trans_Cast_* ops in the .om and in msprof); this plan has no separate Cast "
+                       f"ops, so their time is not in the estimate")
     owners = list(dict.fromkeys(b.owner for b in all_bodies(state)))
     if owners:
         out.append(f"{_names(owners)} ({len(owners)} If/Loop/Scan node(s)): their bodies return ND here (and "

@@ -41,7 +41,7 @@ from npu_deploy.profiling import parse as P
 from npu_deploy.profiling.discover import Discovery, discover
 
 #: the FormatTrans share, in percent of device compute time, above which a profile is flagged
-FORMATTRANS_THRESHOLD_PCT = 8.0
+from npu_deploy._thresholds import FORMATTRANS_THRESHOLD_PCT  # noqa: E402  (one threshold, percent)
 
 # ---------------------------------------------------------------------------------------------------
 # Op families

@@ -35,6 +35,7 @@ PosixPath('prof/PROF_000001_20261129215012345_K3J9Q2ZL0AB1C2D3')
 from __future__ import annotations
 
 import csv
+import dataclasses
 import os
 import random
 import shutil
@@ -137,6 +138,35 @@ class _Transfer:
         if view.flags.c_contiguous:  # C == 1 or H == W == 1: same bytes, no copy
             return view
         return formats.unpack(x, self.host_format, view.shape, origin=self.graph_format)
+
+
+@dataclasses.dataclass
+class ExecutedTensor:
+    """One buffer an executed op read or wrote: the ONNX ``tensor`` it holds, how it lies on the device
+    (``stored``: format, dtype, logical shape, C0) and its bytes (``data``, in storage shape)."""
+
+    tensor: str
+    stored: Any
+    data: np.ndarray
+
+    def logical(self) -> np.ndarray:
+        """The buffer back in the tensor's logical layout (through the format core)."""
+        from npu_deploy.converters import formats
+
+        st = self.stored
+        if st.storage == st.shape and not st.origin:
+            return self.data.reshape(st.shape)
+        return formats.unpack(self.data, st.format, st.shape, **st._kw())
+
+
+@dataclasses.dataclass
+class ExecutedOp:
+    """One executed device op (ONNX node or planned TransData) with its input and output buffers."""
+
+    name: str
+    op_type: str
+    inputs: list[ExecutedTensor]
+    outputs: list[ExecutedTensor]
 
 
 class EmulatorBackend(Backend):
@@ -277,16 +307,17 @@ class EmulatorBackend(Backend):
                              f"({str(e).splitlines()[0][:300]})",
                              hint="re-convert the model; if it persists this is a converter bug") from e
 
-    def plan_graph(self, shapes: dict[str, tuple[int, ...]], feeds: dict[str, np.ndarray] | None = None) -> Any:
+    def plan_graph(self, shapes: dict[str, tuple[int, ...]], feeds: dict[str, np.ndarray] | None = None,
+                   *, expose: bool = False) -> Any:
         """The plan-executing graph (:class:`~npu_deploy.runtime.executable.PlanGraph`) and its session
         for one set of logical input shapes (graph layout), built on first use."""
         from npu_deploy.runtime.executable import build_plan_graph
 
-        key = tuple(sorted((k, tuple(v)) for k, v in shapes.items()))
+        key = (tuple(sorted((k, tuple(v)) for k, v in shapes.items())), expose)
         hit = self._plan_sessions.get(key)
         if hit is None:
             pg = build_plan_graph(self._graph, self._manifest, self._weights, shapes, literal=self.literal,
-                                  feeds=feeds)
+                                  feeds=feeds, expose=expose)
             hit = (pg, self._session(pg.model, symbolic=False))
             self._plan_sessions[key] = hit
         return hit
@@ -317,18 +348,26 @@ class EmulatorBackend(Backend):
                 t = self._in_transfers[name]
                 device[name] = x if t.identity else t.pack(x)
         with self._phase("compute"):
+            recording = getattr(self, "_recording", False)
             pg, sess = self.plan_graph({n: self._in_transfers[n].graph_shape(x.shape) for n, x in feeds.items()},
                                        {n: x for n, x in feeds.items() if self._in_transfers[n].identity
-                                        and self._in_transfers[n].graph_format is None})
+                                        and self._in_transfers[n].graph_format is None}, expose=recording)
             self.last_plan_graph = pg
             self.rounded_tensors = pg.rounded_tensors
+            want = [pg.outputs[n] for n in output_names]
+            extra = list(pg.exposed.values()) if recording else []
             try:
-                outs = sess.run([pg.outputs[n] for n in output_names],
-                                {pg.inputs[n]: d for n, d in device.items() if n in pg.inputs})
+                outs = sess.run(want + extra, {pg.inputs[n]: d for n, d in device.items() if n in pg.inputs})
             except Exception as e:
                 raise InputError(f"{self.path.name}: the emulator failed to run "
                                  f"({str(e).splitlines()[0][:300]})",
                                  hint="check the input values; re-run with --debug for details") from e
+            if recording:
+                by_name = dict(zip(extra, outs[len(want):]))
+                values = {buf: by_name[name] for buf, name in pg.exposed.items()}
+                values.update({pg.inputs[n]: d for n, d in device.items() if n in pg.inputs})
+                self._recorded = (pg, values)
+                outs = outs[: len(want)]
         with self._phase("d2h"):
             result = []
             for name, d in zip(output_names, outs):
@@ -340,6 +379,24 @@ class EmulatorBackend(Backend):
             device.update({f"output:{n}": d for n, d in zip(output_names, outs)})
             self.last_device_buffers = device
         return result
+
+    def run_recorded(self, feeds: dict[str, np.ndarray]) -> tuple[list[np.ndarray], list[ExecutedOp]]:
+        """Run once with every device buffer kept: the outputs (as :meth:`run` returns them) and, in
+        execution order, each op with the buffers it read and wrote, in their device format, storage
+        shape and dtype (what an ACL operator dump holds). Planned TransData are ops of their own."""
+        if not self.execute_plan:
+            raise InputError("run_recorded needs the plan executed (execute_plan=True)")
+        self._recording = True
+        try:
+            outs = self.run(None, feeds)
+        finally:
+            self._recording = False
+        pg, values = self._recorded
+        ops = [ExecutedOp(r.name, r.op_type,
+                          [ExecutedTensor(t, pg.buffers[b], values[b]) for t, b in r.inputs if b in values],
+                          [ExecutedTensor(t, pg.buffers[b], values[b]) for t, b in r.outputs if b in values])
+               for r in pg.records]
+        return outs, ops
 
     def _run_original(self, output_names: list[str], feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
         """Benchmarking mode (``execute_plan=False``): the original graph with fp16 rounding, layout

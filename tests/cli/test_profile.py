@@ -84,11 +84,13 @@ def test_bad_output_path_leaves_nothing(run_cli, flagged, tmp_path):
     assert code == 2 and "does not exist" in err
 
 
+@pytest.mark.shared_data
 def test_skipped_rows_warned_on_stderr(run_cli):
     code, out, err = run_cli("profile", "analyze", PROFILES / "msinsight_fixtures" / "op_summary_1.csv")
     assert code == 0 and "warning" in err and "line 17" in err
 
 
+@pytest.mark.shared_data
 def test_real_llm_capture(run_cli):
     code, out, _ = run_cli("profile", "analyze", PROFILES / "torch_npu_level2_llm_910B")
     assert code == 0 and out.splitlines()[0] == "FormatTrans 0.0 % of device compute (threshold 8 %): ok"

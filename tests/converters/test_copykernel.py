@@ -365,16 +365,16 @@ def test_tile3_rejects_other_strides():
 
 
 @needs_kernel
-@pytest.mark.parametrize("nb", [3, 4, 5, 7, 8, 9, 13, 16, 17, 24, 25, 33])
-@pytest.mark.parametrize("na", [3, 4, 7, 8, 9, 15, 16, 17, 32, 33])
+@pytest.mark.parametrize("nb", [3, 4, 5, 7, 8, 9, 13, 16, 17, 24, 25, 33, 40, 41])
+@pytest.mark.parametrize("na", [3, 4, 7, 8, 9, 15, 16, 17, 32, 33, 80, 96])
 @pytest.mark.parametrize("dtype", [np.float16, np.int8, np.float32])
 def test_sse_tile_edges(nb, na, dtype):
     """2-D transposes with ragged edges on either side (the gathered last rows, the element-wise last
     columns and the overlapping last blocks of the SSE2 8x8 (2-byte), 16x16 and 8x8 (1-byte) and 4x4
     (4-byte) tiles), with gaps around the destination rows."""
     unsigned = {1: np.uint8, 2: np.uint16, 4: np.uint32}[np.dtype(dtype).itemsize]
-    src_full = _rand_bytes((na + 1, nb + 3), dtype, nb * 100 + na)
-    src = src_full[1:, 2:2 + nb].T                         # [nb, na], nb contiguous
+    src_full = _rand_bytes((na + 1, nb + 3 + 70 * ((nb // 8) % 2)), dtype, nb * 100 + na)
+    src = src_full[1:, 2:2 + nb].T                         # [nb, na], nb contiguous; rows > 64 B apart for some nb
     buf = np.full((nb, na + 4), 9, unsigned).view(dtype)
     dst = buf[:, 1:na + 1]
     assert _kernel_copy(dst, src)

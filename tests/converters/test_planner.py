@@ -649,3 +649,43 @@ def test_loop_body_is_planned(tmp_path):
     pairs = {(t.tensor, t.src_format, t.dst_format) for t in p.transdata}
     assert ("v_in", "NCHW", "NC1HWC0") in pairs and ("v_out", "NC1HWC0", "NCHW") in pairs
     assert p.report.cost is not None and p.report.cost["total_us"] > 0
+
+
+def test_verify_plan_checks_every_slot_literally(tmp_path):
+    """verify_plan is the contract the plan-executing emulator relies on: it must reject a dropped
+    TransData, a slot whose recorded format is not what arrives, a constant read in a format it is
+    not packed in, and an output recorded in another format than it is stored in."""
+    import copy
+
+    from npu_deploy.converters import planner as P
+    from npu_deploy.converters.support import check_support
+    from npu_deploy.errors import InternalError
+
+    scale = numpy_helper.from_array(RNG.standard_normal((1, 8, 1, 1)).astype(np.float32), "s")
+    m = _load(tmp_path, [helper.make_node("Conv", ["x", "w"], ["a"], name="c"),
+                         helper.make_node("Mul", ["a", "s"], ["b"], name="mul"),
+                         helper.make_node("Reshape", ["b", "shape"], ["y"], name="flat")],
+              [_vi("x", [1, 4, 4, 4])], [_vi("y", [1, 128])],
+              [_w("w", (8, 4, 1, 1)), scale, numpy_helper.from_array(np.array([1, 128], np.int64), "shape")])
+    state = P.PlanState(m, check_support(m, "Ascend310P3"), precision_mode="force_fp16", keep_dtype=(),
+                        enable_small_channel=False, input_format=None)
+    P._assign_dtypes(state)
+    for cls in P.PIPELINE:
+        cls().run(state)
+    td = P.insert_transdata(state)
+    weights = P._plan_weights(state)
+    nf = P._node_formats(state, weights)
+    P.verify_plan(state, td, nf, weights)  # the real plan holds
+    assert {w.name for w in weights} == {"w", "s"} and len(td) == 2
+    with pytest.raises(InternalError, match="gets NC1HWC0 but needs ND"):
+        P.verify_plan(state, [t for t in td if t.tensor != "b"], nf, weights)  # b NC1HWC0 -> ND dropped
+    wrong = copy.deepcopy(nf)
+    wrong["mul"].input_formats[0] = "ND"
+    with pytest.raises(InternalError, match="mul reads input 0"):
+        P.verify_plan(state, td, wrong, weights)
+    with pytest.raises(InternalError, match=r"mul reads input 1 \(s\) as NC1HWC0, but it arrives as ND"):
+        P.verify_plan(state, td, nf, [w for w in weights if w.name != "s"])
+    wrong = copy.deepcopy(nf)
+    wrong["c"].output_formats[0] = "NCHW"
+    with pytest.raises(InternalError, match="c writes output 0"):
+        P.verify_plan(state, td, wrong, weights)

@@ -51,7 +51,7 @@ def _derive(registrations, split):
     return out, engines
 
 
-@pytest.mark.skipif(not SHARED_DATA.is_dir(), reason="shared source data not present")
+@pytest.mark.shared_data
 def test_packaged_table_matches_the_source_data():
     regs, engines = _derive(json.loads((SHARED_DATA / "registrations.json").read_text()),
                             json.loads((SHARED_DATA / "aicpu_split_2022.json").read_text()))

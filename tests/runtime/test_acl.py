@@ -769,6 +769,17 @@ def test_the_callers_context_is_current_again_after_open_run_and_close(acl, tmp_
     st(acl).assert_clean()
 
 
+def test_shutdown_with_sessions_open_leaves_the_callers_context_current(acl, tmp_path):
+    path = static_model(tmp_path)
+    mine = _own_context(acl)
+    AclBackend(path, api="pyacl").activate()             # left open: shutdown closes it
+    assert device.shutdown() == []
+    assert acl.rt.get_context() == (mine, 0) and st(acl).violations() == []
+    _drop_own_context(acl, mine)
+    assert acl.finalize() == 0                            # the user initialised ACL
+    st(acl).assert_clean()
+
+
 def test_a_worker_thread_is_not_left_on_a_destroyed_context(acl, tmp_path):
     """Thread B runs a session that thread A owns, then A closes it: B must still be on its own
     context, not on the session's (destroyed) one."""

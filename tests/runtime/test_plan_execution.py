@@ -153,3 +153,79 @@ def test_original_graph_mode_is_kept_for_benchmarks(tmp_path):
         (a,), (b,) = plan.run(None, {"x": x}), orig.run(None, {"x": x})
         assert orig.last_plan_graph is None
     np.testing.assert_allclose(a, b, rtol=2e-3, atol=2e-3)  # both round to fp16, at different points
+
+
+def _light_models():
+    from pathlib import Path
+
+    d = Path(onnx.__file__).parent / "backend" / "test" / "data" / "light"
+    return sorted(d.glob("light_*.onnx"))
+
+
+@pytest.mark.parametrize("path", _light_models(), ids=lambda p: p.stem)
+def test_onnx_wheel_light_cnns_run_through_the_plan(path, tmp_path):
+    """The onnx wheel's light_* CNNs (IR 3 graphs with unused initializers among them): converted,
+    the plan executed, every planned TransData run, outputs match onnxruntime on the original."""
+    out = tmp_path / f"{path.stem}.bundle"
+    npu_deploy.convert(str(path), output=str(out), backend="builtin", precision_mode="must_keep_origin_dtype")
+    res = compare(path, out)
+    assert res, res.table()
+    with EmulatorBackend(out) as b:
+        b.run(None, {m.name: np.zeros(m.shape, m.dtype) for m in b.get_inputs()})
+        assert sorted(b.last_plan_graph.transdata) == sorted(t["name"] for t in b.manifest["transdata"])
+        assert b.last_plan_graph.reinterpreted == []
+
+
+def test_zero_d_initializers_keep_their_rank(tmp_path):
+    """Gather(x, scalar index) drops the axis; a 0-d index that became [1] would keep it."""
+    g = helper.make_graph([helper.make_node("Gather", ["x", "i"], ["y"], name="g", axis=1)], "g",
+                          [helper.make_tensor_value_info("x", 1, [1, 5, 4])],
+                          [helper.make_tensor_value_info("y", 1, [1, 4])],
+                          [numpy_helper.from_array(np.array(2, np.int64), "i")])
+    path = tmp_path / "g.onnx"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), path)
+    out = tmp_path / "g.bundle"
+    npu_deploy.convert(str(path), output=str(out), backend="builtin")
+    x = np.random.default_rng(1).standard_normal((1, 5, 4)).astype(np.float32)
+    with EmulatorBackend(out) as b:
+        (y,) = b.run(None, {"x": x})
+    assert y.shape == (1, 4)
+    np.testing.assert_array_equal(y, x[:, 2].astype(np.float16).astype(np.float32))
+
+
+def test_layernorm_without_bias_runs(tmp_path):
+    """onnxruntime 1.32 could die with SIGSEGV on a LayerNormalization without its optional bias once
+    the scale lives in the weight blob: the emulator gives it the zero bias the op defines. Run in a
+    child process, so that a crash fails this test instead of ending the test session."""
+    import subprocess
+    import sys
+
+    g = helper.make_graph([helper.make_node("LayerNormalization", ["x", "s"], ["y"], name="ln", axis=-1)], "g",
+                          [helper.make_tensor_value_info("x", 1, [2, 8])], [helper.make_tensor_value_info("y", 1, [2, 8])],
+                          [numpy_helper.from_array(np.linspace(0.5, 2, 8).astype(np.float32), "s")])
+    path = tmp_path / "ln.onnx"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), path)
+    code = ("import sys, npu_deploy; from npu_deploy.runtime.compare import compare;"
+            f"npu_deploy.convert({str(path)!r}, output={str(tmp_path / 'ln.bundle')!r}, backend='builtin');"
+            f"r = compare({str(path)!r}, {str(tmp_path / 'ln.bundle')!r}); print(r.verdict()); sys.exit(0 if r else 1)")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                          cwd=tmp_path)
+    assert proc.returncode == 0, (proc.returncode, proc.stdout, proc.stderr[-2000:])
+    assert "PASS" in proc.stdout
+
+
+@pytest.mark.parametrize("name", [f"test_sequence_model{k}" for k in (1, 2, 3, 4, 5, 6, 7)])
+def test_internal_sequences_pass_between_ops(name, tmp_path):
+    """onnx's simple tests: tensors in and out, sequences inside (SequenceConstruct/Insert/At...).
+    The sequences are passed between ops as they are; the tensors around them follow the plan."""
+    import os
+
+    from onnx.backend.test.loader import load_model_tests
+
+    case = next(c for c in load_model_tests(kind="simple") if c.name == name)
+    src = tmp_path / "m.onnx"
+    onnx.save(onnx.load(os.path.join(case.model_dir, "model.onnx")), src)
+    out = tmp_path / "m.bundle"
+    npu_deploy.convert(str(src), output=str(out), backend="builtin", precision_mode="must_keep_origin_dtype")
+    res = compare(src, out)
+    assert res, res.table()
