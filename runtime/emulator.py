@@ -318,7 +318,7 @@ class EmulatorBackend(Backend):
         if hit is None:
             pg = build_plan_graph(self._graph, self._manifest, self._weights, shapes, literal=self.literal,
                                   feeds=feeds, expose=expose)
-            hit = (pg, self._session(pg.model, symbolic=False))
+            hit = (pg, self._session(pg.model, symbolic=self.symbolic_io))
             self._plan_sessions[key] = hit
         return hit
 

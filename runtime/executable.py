@@ -132,6 +132,37 @@ def _default_opset(model: onnx.ModelProto) -> int:
     return 17
 
 
+class _Scope:
+    """One graph being built (the top level, or an If/Loop/Scan body): its nodes and its caches. A
+    value made in a scope is visible in the bodies inside it, never in its parent or siblings."""
+
+    def __init__(self, opset: int, parent: "_Scope | None" = None):
+        self.out = _Graph(opset)
+        self.parent = parent
+        self.reads: dict[Any, str] = {}
+        self.rounded: dict[str, str] = {}
+        self.td_done: dict[str, str] = {}
+
+    def find(self, table: str, key: Any) -> str | None:
+        s: _Scope | None = self
+        while s is not None:
+            got = getattr(s, table).get(key)
+            if got is not None:
+                return got
+            s = s.parent
+        return None
+
+
+class _Current:
+    """The node list of the scope being built (``add``/``cast`` go there)."""
+
+    def __init__(self, scopes: list[_Scope]):
+        self._scopes = scopes
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._scopes[-1].out, name)
+
+
 class _Graph:
     """Accumulates the new node list."""
 
@@ -177,6 +208,12 @@ def build_plan_graph(graph: onnx.ModelProto, manifest: Mapping[str, Any], weight
     consts = {i.name for i in g.initializer}
     types, shapes, opaque, shaped = _types_and_shapes(model, input_shapes, feeds)
     ran: list[bool] = []
+    # the plan records every tensor's shape at the shapes it was converted for (If/Loop bodies included,
+    # which onnx shape inference does not reach): usable when these inputs have exactly those shapes
+    planned = manifest.get("tensors") if isinstance(manifest.get("tensors"), dict) else {}
+    planned_shapes_apply = all(
+        tuple(e.get("graph_shape") or e.get("shape") or ()) == tuple(input_shapes.get(str(e.get("name")), ()))
+        for e in manifest.get("inputs") or [] if isinstance(e, dict) and str(e.get("name")) in input_shapes)
 
     folded_outputs: set[str] = set()
     for n in g.node:
@@ -200,6 +237,11 @@ def build_plan_graph(graph: onnx.ModelProto, manifest: Mapping[str, Any], weight
             ran.append(True)
             produced = [o for n in g.node for o in n.output if o and o not in shapes and o not in opaque]
             _shapes_by_running(shaped, input_shapes, produced, types, shapes, opaque, feeds)
+        if t not in shapes and planned_shapes_apply:  # inside bodies: the plan's own record
+            rec = planned.get(t)
+            if isinstance(rec, dict) and rec.get("shape") is not None and all(
+                    isinstance(d, int) and d >= 0 for d in rec["shape"]):
+                shapes[t] = tuple(rec["shape"])
         if t not in shapes:
             raise ModelError(f"plan execution: tensor {t!r} has no static shape for these inputs",
                              hint="give fixed input shapes (--input-shape) when converting")
@@ -226,16 +268,15 @@ def build_plan_graph(graph: onnx.ModelProto, manifest: Mapping[str, Any], weight
                 c0v = formats.resolve_c0(f, dt, int(c0) if c0 else None)
         return Stored(fmt, dt, tuple(shp), c0v, origin)
 
-    out = _Graph(opset)
+    scopes: list[_Scope] = [_Scope(opset)]
+    out = _Current(scopes)
     stored: dict[str, Stored] = {}     # buffer name -> how it lies
     buffer_of: dict[str, str] = {}      # tensor -> its own buffer
     logical_ready: set[str] = set()     # tensors whose logical value exists under their own name
-    reads: dict[tuple[str, str, int | None], str] = {}  # (buffer, format, c0) -> logical read name
     reinterpreted: list[str] = []
-
-    pending: dict[str, tuple[str, str, str]] = {}   # buffer -> (tensor, logical source, tag): not built yet
+    # buffer -> (tensor, logical source, tag, scope): not built yet
+    pending: dict[str, tuple[str, str, str, _Scope]] = {}
     logical_of: dict[str, tuple[str, str]] = {}       # buffer -> (tensor, the logical value it was made from)
-    rounded: dict[str, str] = {}
 
     def store(t: str, src: str, st: Stored, tag: str, name: str | None = None, lazy: bool = True) -> str:
         """A buffer of tensor ``t`` (``name``, default ``t__dev``) made from its logical value ``src``:
@@ -252,7 +293,7 @@ def build_plan_graph(graph: onnx.ModelProto, manifest: Mapping[str, Any], weight
         stored[name] = st
         if lazy:
             logical_of[name] = (t, src)
-        pending[name] = (t, src, tag)
+        pending[name] = (t, src, tag, scopes[-1])
         if literal or not lazy:
             materialize(name)
         return name
@@ -260,17 +301,18 @@ def build_plan_graph(graph: onnx.ModelProto, manifest: Mapping[str, Any], weight
     def materialize(buf: str) -> None:
         if buf not in pending:
             return
-        t, src, tag = pending.pop(buf)
+        t, src, tag, owner = pending.pop(buf)
+        where = owner.out  # built where its source lives, so that every reader below sees it
         st = stored[buf]
         x = src
         if st.dtype != _elem_np(elem(t)):
-            x = out.cast(x, f"{buf}__cast", st.dtype, f"{tag}/{t}/to_{st.dtype.name}")
+            x = where.cast(x, f"{buf}__cast", st.dtype, f"{tag}/{t}/to_{st.dtype.name}")
         if not is_identity(st.format):
             nodes, inits = format_graph.pack_nodes(st.format, st.shape, st.dtype, x, buf,
                                                    prefix=f"{tag}/{t}/pack_{st.format}", opset=opset, **st._kw())
-            out.add(nodes, inits)
+            where.add(nodes, inits)
         else:
-            out.add([helper.make_node("Identity", [x], [buf], name=f"{tag}/{t}/store")])
+            where.add([helper.make_node("Identity", [x], [buf], name=f"{tag}/{t}/store")])
 
     def read(t: str, buf: str, fmt: str | None, c0: Any, reader: str, real: bool = False) -> str:
         """The logical value of ``t`` (in its ONNX type) as a reader expecting ``fmt`` sees ``buf``.
@@ -287,35 +329,43 @@ def build_plan_graph(graph: onnx.ModelProto, manifest: Mapping[str, Any], weight
             src = logical_of[buf][1]
             if st.dtype == logical_t:
                 return src
-            if buf not in rounded:
-                low = out.cast(src, f"{buf}__rounded", st.dtype, f"{reader}/{t}/round_{st.dtype.name}")
-                rounded[buf] = out.cast(low, f"{buf}__rounded_back", logical_t, f"{reader}/{t}/round_back")
-            return rounded[buf]
+            got = scopes[-1].find("rounded", buf)
+            if got is None:
+                sfx = f"_{len(scopes) - 1}_{id(scopes[-1]) % 100000}" if len(scopes) > 1 else ""
+                low = out.cast(src, f"{buf}__rounded{sfx}", st.dtype, f"{reader}/{t}/round_{st.dtype.name}")
+                got = out.cast(low, f"{buf}__rounded_back{sfx}", logical_t, f"{reader}/{t}/round_back")
+                scopes[-1].rounded[buf] = got
+            return got
         key = (buf, want, st.c0 if same_format(want, st.format) else c0)
-        if key in reads:
-            return reads[key]
+        got = scopes[-1].find("reads", key)
+        if got is not None:
+            return got
+        sfx = f"_{len(scopes) - 1}_{id(scopes[-1]) % 100000}" if len(scopes) > 1 else ""
         materialize(buf)
         x = buf
         tag = f"{reader}/read_{t}"
         if same_format(want, st.format):
             view = st
         else:
+            if is_identity(st.format) and not st.shape:  # a plain buffer stored without its shape
+                st = dataclasses.replace(st, shape=tuple(shape_of(t)))
             view = stored_for(t, want, st.dtype, c0, _plain_origin(want, len(st.shape)))
             if st.storage != view.storage or not (is_identity(st.format) and is_identity(view.format)):
-                nodes, inits = format_graph.reinterpret_nodes(buf, st.storage, view.storage, f"{buf}__as_{want}",
-                                                              prefix=f"{tag}/reinterpret", opset=opset)
+                nodes, inits = format_graph.reinterpret_nodes(buf, st.storage, view.storage,
+                                                              f"{buf}__as_{want}{sfx}", prefix=f"{tag}/reinterpret",
+                                                              opset=opset)
                 out.add(nodes, inits)
-                x = f"{buf}__as_{want}"
+                x = f"{buf}__as_{want}{sfx}"
                 reinterpreted.append(f"{t} ({st.format} read as {want} by {reader})")
         if not is_identity(view.format):
-            dst = f"{buf}__{want}_logical"
+            dst = f"{buf}__{want}_logical{sfx}"
             nodes, inits = format_graph.unpack_nodes(view.format, view.shape, view.dtype, x, dst,
                                                      prefix=f"{tag}/unpack_{want}", opset=opset, **view._kw())
             out.add(nodes, inits)
             x = dst
         if view.dtype != logical_t:
-            x = out.cast(x, f"{buf}__{want}_as_{logical_t.name}", logical_t, f"{tag}/to_{logical_t.name}")
-        reads[key] = x
+            x = out.cast(x, f"{buf}__{want}_as_{logical_t.name}{sfx}", logical_t, f"{tag}/to_{logical_t.name}")
+        scopes[-1].reads[key] = x
         return x
 
     # ---- graph inputs: device buffers in their device format
@@ -351,12 +401,11 @@ def build_plan_graph(graph: onnx.ModelProto, manifest: Mapping[str, Any], weight
     for td in td_list:
         for c in td.get("consumers") or []:
             td_by_edge[(str(td.get("tensor")), str(c))] = td
-    td_done: dict[str, str] = {}
-
     def transdata_buffer(td: dict) -> str:
         name = str(td.get("name"))
-        if name in td_done:
-            return td_done[name]
+        got = scopes[-1].find("td_done", name)
+        if got is not None:
+            return got
         t = str(td["tensor"])
         src_buf = buffer_of[t]
         src_st = stored[src_buf]
@@ -364,8 +413,10 @@ def build_plan_graph(graph: onnx.ModelProto, manifest: Mapping[str, Any], weight
         logical = read(t, src_buf, td.get("src_format"), src_st.c0, name, real=True)
         dst = stored_for(t, td.get("dst_format"), src_st.dtype, None, _plain_origin(td.get("dst_format"),
                                                                                   len(src_st.shape)))
-        buf = store(t, logical, dst, name, name=f"{t}__{name}", lazy=False)
-        td_done[name] = buf
+        sfx = f"_{len(scopes) - 1}_{id(scopes[-1]) % 100000}" if len(scopes) > 1 else ""
+        buf = store(t, logical, dst, name, name=f"{t}__{name}{sfx}", lazy=False)
+        scopes[-1].td_done[name] = buf
+        ran_td.add(name)
         records.append(OpRecord(name, "TransData", [(t, src_buf)], [(t, buf)]))
         return buf
 
@@ -377,64 +428,122 @@ def build_plan_graph(graph: onnx.ModelProto, manifest: Mapping[str, Any], weight
     fused = set() if literal else {str(t) for t in manifest.get("fused_tensors") or []}
     storage_ops: list[str] = []
     records: list[OpRecord] = []
-    for n in g.node:
-        nf = node_formats.get(n.name) if isinstance(node_formats.get(n.name), dict) else {}
-        # a node the plan has no layout record for reads each input as it is stored (no constraint)
-        unconstrained = "input_formats" not in nf
-        in_fmts = list(nf.get("input_formats") or [])
-        out_fmts = list(nf.get("output_formats") or [])
-        node_dtype = nf.get("dtype")
-        c0 = nf.get("c0")
-        is_folded = bool(nf.get("folded")) or n.op_type == "Constant"
-        new = onnx.NodeProto()
-        new.CopyFrom(n)
-        if is_folded:  # computed at compile time (Shape of a static tensor...): reads logical values
+    ran_td: set[str] = set()
+
+    def body(sub: onnx.GraphProto, owner: str) -> onnx.GraphProto:
+        """The plan executed inside an If/Loop/Scan body: its inputs arrive as logical (ND) values, its
+        outputs leave as logical values, and what happens between follows the plan like the top level."""
+        scopes.append(_Scope(opset, scopes[-1]))
+        try:
+            for init in sub.initializer:
+                consts.add(init.name)
+            for nd in sub.node:
+                nf = node_formats.get(nd.name)
+                if (isinstance(nf, dict) and nf.get("folded")) or nd.op_type == "Constant":
+                    consts.update(o for o in nd.output if o)
+            for vi in sub.input:
+                if vi.type.HasField("tensor_type") and vi.type.tensor_type.elem_type:
+                    types.setdefault(vi.name, vi.type.tensor_type.elem_type)
+                    stored[vi.name] = Stored("ND", _elem_np(vi.type.tensor_type.elem_type),
+                                             tuple(shapes.get(vi.name, ())), None)
+                else:
+                    opaque.add(vi.name)
+                    stored[vi.name] = Stored("ND", np.dtype(object), (), None)
+                buffer_of[vi.name] = vi.name
+            process(sub.node)
+            outs = []
+            for k, vo in enumerate(sub.output):
+                o = vo.name
+                if o in consts or o not in buffer_of or o in opaque:
+                    outs.append(vo)
+                    continue
+                value = read(o, source(o, "<graph output>"), "ND", None, f"{owner}/output")
+                new_vo = onnx.ValueInfoProto()
+                new_vo.CopyFrom(vo)
+                new_vo.name = f"{o}__body_out"
+                if new_vo.type.HasField("tensor_type"):
+                    new_vo.type.tensor_type.ClearField("shape")
+                out.add([helper.make_node("Identity", [value], [new_vo.name], name=f"{owner}/{o}/body_output")])
+                outs.append(new_vo)
+            new = onnx.GraphProto()
+            new.CopyFrom(sub)
+            del new.node[:]
+            new.node.extend(scopes[-1].out.nodes)
+            new.initializer.extend(scopes[-1].out.inits)
+            del new.output[:]
+            new.output.extend(outs)
+            del new.value_info[:]
+            return new
+        finally:
+            scopes.pop()
+
+    def process(nodes) -> None:
+        for n in nodes:
+            nf = node_formats.get(n.name) if isinstance(node_formats.get(n.name), dict) else {}
+            # a node the plan has no layout record for reads each input as it is stored (no constraint)
+            unconstrained = "input_formats" not in nf
+            in_fmts = list(nf.get("input_formats") or [])
+            out_fmts = list(nf.get("output_formats") or [])
+            node_dtype = nf.get("dtype")
+            c0 = nf.get("c0")
+            is_folded = bool(nf.get("folded")) or n.op_type == "Constant"
+            new = onnx.NodeProto()
+            new.CopyFrom(n)
+            for a in new.attribute:  # If/Loop/Scan: their bodies follow the plan too
+                if a.type == onnx.AttributeProto.GRAPH:
+                    a.g.CopyFrom(body(a.g, n.name))
+                elif a.type == onnx.AttributeProto.GRAPHS:
+                    for sub in a.graphs:
+                        sub.CopyFrom(body(sub, n.name))
+            if is_folded:  # computed at compile time (Shape of a static tensor...): reads logical values
+                for j, t in enumerate(n.input):
+                    if t and t in buffer_of:
+                        new.input[j] = read(t, buffer_of[t], stored[buffer_of[t]].format, None, n.name)
+                out.nodes.append(new)
+                continue
+            # the formats this node writes
+            writes = []
+            for k, o in enumerate(n.output):
+                if not o:
+                    writes.append(None)
+                    continue
+                if o in opaque:  # a sequence/optional/map between two ops: not a device tensor of the plan
+                    writes.append(Stored("ND", np.dtype(object), (), None))
+                    continue
+                fmt = out_fmts[k] if k < len(out_fmts) and out_fmts[k] else tensor_formats.get(o, "ND")
+                # fused into its only reader (an elementwise op, as ATC fuses them): never stored, not rounded
+                dt = _elem_np(elem(o)) if o in fused else device_dtype(o, node_dtype)
+                writes.append(stored_for(o, fmt, dt, c0, _plain_origin(fmt, len(shapes.get(o, ())))))
+            fast = _storage_plan(n, in_fmts, writes, consts, buffer_of, stored, source, pending, weights)
+            if fast is not None:
+                storage_ops.append(n.name)
+                records.append(OpRecord(n.name, n.op_type, [(t, b) for t, (kind, b) in zip(n.input, fast.operands)
+                                                            if kind == "buffer"], []))
+                _emit_storage_op(out, new, fast, writes[0], elem, stored, buffer_of, logical_ready, sub_reads,
+                                 read, opset)
+                records[-1].outputs.append((n.output[0], buffer_of[n.output[0]]))
+                continue
+            rec = OpRecord(n.name, n.op_type, [], [])
             for j, t in enumerate(n.input):
-                if t and t in buffer_of:
-                    new.input[j] = read(t, buffer_of[t], stored[buffer_of[t]].format, None, n.name)
+                if not t or t in consts:
+                    continue
+                if t not in buffer_of:
+                    raise ModelError(f"plan execution: node {n.name} reads {t!r}, which nothing produced",
+                                     hint="re-convert the model; if it persists this is a converter bug")
+                buf = source(t, n.name)
+                rec.inputs.append((t, buf))
+                fmt = stored[buf].format if unconstrained else (in_fmts[j] if j < len(in_fmts) else None)
+                new.input[j] = read(t, buf, fmt, c0, n.name)
             out.nodes.append(new)
-            continue
-        # the formats this node writes
-        writes = []
-        for k, o in enumerate(n.output):
-            if not o:
-                writes.append(None)
-                continue
-            if o in opaque:  # a sequence/optional/map between two ops: not a device tensor of the plan
-                writes.append(Stored("ND", np.dtype(object), (), None))
-                continue
-            fmt = out_fmts[k] if k < len(out_fmts) and out_fmts[k] else tensor_formats.get(o, "ND")
-            # fused into its only reader (an elementwise op, as ATC fuses them): never stored, not rounded
-            dt = _elem_np(elem(o)) if o in fused else device_dtype(o, node_dtype)
-            writes.append(stored_for(o, fmt, dt, c0, _plain_origin(fmt, len(shapes.get(o, ())))))
-        fast = _storage_plan(n, in_fmts, writes, consts, buffer_of, stored, source, pending, weights)
-        if fast is not None:
-            storage_ops.append(n.name)
-            records.append(OpRecord(n.name, n.op_type, [(t, b) for t, (kind, b) in zip(n.input, fast.operands)
-                                                        if kind == "buffer"], []))
-            _emit_storage_op(out, new, fast, writes[0], elem, stored, buffer_of, logical_ready, sub_reads,
-                             read, opset)
-            records[-1].outputs.append((n.output[0], buffer_of[n.output[0]]))
-            continue
-        rec = OpRecord(n.name, n.op_type, [], [])
-        for j, t in enumerate(n.input):
-            if not t or t in consts:
-                continue
-            if t not in buffer_of:
-                raise ModelError(f"plan execution: node {n.name} reads {t!r}, which nothing produced",
-                                 hint="re-convert the model; if it persists this is a converter bug")
-            buf = source(t, n.name)
-            rec.inputs.append((t, buf))
-            fmt = stored[buf].format if unconstrained else (in_fmts[j] if j < len(in_fmts) else None)
-            new.input[j] = read(t, buf, fmt, c0, n.name)
-        out.nodes.append(new)
-        for k, o in enumerate(n.output):
-            if not o:
-                continue
-            logical_ready.add(o)
-            buffer_of[o] = store(o, o, writes[k], n.name)
-            rec.outputs.append((o, buffer_of[o]))
-        records.append(rec)
+            for k, o in enumerate(n.output):
+                if not o:
+                    continue
+                logical_ready.add(o)
+                buffer_of[o] = store(o, o, writes[k], n.name)
+                rec.outputs.append((o, buffer_of[o]))
+            records.append(rec)
+
+    process(g.node)
 
     # ---- graph outputs: device buffers in the output's device format
     out_entries = {str(e.get("name")): e for e in manifest.get("outputs") or []}
@@ -498,7 +607,7 @@ def build_plan_graph(graph: onnx.ModelProto, manifest: Mapping[str, Any], weight
     del g.output[:]
     g.output.extend(new_outputs)
     del g.value_info[:]
-    td_names = [str(td.get("name")) for td in td_list if str(td.get("name")) in td_done]
+    td_names = [str(td.get("name")) for td in td_list if str(td.get("name")) in ran_td]
     tensor_stored = {t: stored[b] for t, b in buffer_of.items()}
     return PlanGraph(model, tensor_stored, inputs_map, outputs_map, output_shapes, td_names, storage_ops,
                      reinterpreted, records, dict(stored), exposed)
@@ -560,7 +669,7 @@ def _types_and_shapes(model: onnx.ModelProto, input_shapes: Mapping[str, tuple[i
     types: dict[str, int] = {}
     shapes: dict[str, tuple[int, ...]] = {}
     opaque: set[str] = set()  # sequences, optionals, maps: passed between ops as they are
-    for vi in list(inferred.graph.input) + list(inferred.graph.value_info) + list(inferred.graph.output):
+    for vi in _value_infos(inferred.graph):
         tt = vi.type.tensor_type if vi.type.HasField("tensor_type") else None
         if tt is None:
             if vi.type.WhichOneof("value") is not None:
@@ -578,6 +687,17 @@ def _types_and_shapes(model: onnx.ModelProto, input_shapes: Mapping[str, tuple[i
     if missing:  # types are needed everywhere; shapes only where a layout is not plain (see below)
         _shapes_by_running(m, input_shapes, missing, types, shapes, opaque, feeds)
     return types, shapes, opaque, m
+
+
+def _value_infos(g: onnx.GraphProto):
+    """Every value_info of ``g`` and of its If/Loop/Scan bodies (names are unique model-wide)."""
+    yield from list(g.input) + list(g.value_info) + list(g.output)
+    for n in g.node:
+        for a in n.attribute:
+            for sub in ([a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs)):
+                for init in sub.initializer:
+                    yield helper.make_tensor_value_info(init.name, init.data_type, list(init.dims))
+                yield from _value_infos(sub)
 
 
 def _shapes_by_running(m: onnx.ModelProto, input_shapes, missing: list[str], types: dict, shapes: dict,

@@ -229,3 +229,26 @@ def test_internal_sequences_pass_between_ops(name, tmp_path):
     npu_deploy.convert(str(src), output=str(out), backend="builtin", precision_mode="must_keep_origin_dtype")
     res = compare(src, out)
     assert res, res.table()
+
+
+@pytest.mark.realmodel
+def test_plan_inside_if_bodies_is_executed(real_model, tmp_path):
+    """silero-vad 6.2.3 keeps the whole network inside If branches on the sample rate: the TransData
+    planned inside the bodies run there, and dropping one of them breaks the numbers."""
+    model = real_model("silero_vad_623")
+    out = tmp_path / "vad.bundle"
+    npu_deploy.convert(str(model), output=str(out), backend="builtin", precision_mode="must_keep_origin_dtype",
+                       input_shapes={"input": (1, 512), "state": (2, 1, 128)})
+    feeds = {"input": (np.random.default_rng(0).standard_normal((1, 512)) * 0.1).astype(np.float32),
+             "state": np.zeros((2, 1, 128), np.float32), "sr": np.array(16000, np.int64)}
+    assert compare(model, out, inputs=feeds)
+    with EmulatorBackend(out) as b:
+        b.run(None, feeds)
+        in_bodies = [t["name"] for t in b.manifest["transdata"] if "_branch_" in "".join(t["consumers"])]
+        assert in_bodies and set(in_bodies) <= set(b.last_plan_graph.transdata)
+
+    def drop(man):
+        man["transdata"] = [t for t in man["transdata"] if t["name"] != in_bodies[0]]
+
+    bad = rewrite(out, tmp_path / "vad_bad.bundle", drop)
+    assert not compare(model, bad, inputs=feeds)
