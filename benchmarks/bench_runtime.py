@@ -65,34 +65,53 @@ def convert(model: Path, shapes: dict, out: Path, precision: str) -> Path:
     return out
 
 
-def side_by_side(bundle: Path, model: Path, feeds: dict, runs: int) -> dict:
+def side_by_side(bundles: dict[str, Path], model: Path, feeds: dict, runs: int) -> dict:
+    """``bundles``: precision -> bundle. onnxruntime and, per precision, the plan-executing emulator
+    and its original-graph mode, all run in rotating order in one loop: every ratio below (including
+    float16 vs float32) is taken between runs that shared the same moments of machine load."""
     import onnxruntime as ort
 
     from npu_deploy.runtime.emulator import EmulatorBackend
 
     ref = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])
-    times: dict[str, list[float]] = {"ort": [], "plan": [], "original": []}
-    phases = []
-    with EmulatorBackend(bundle) as plan, EmulatorBackend(bundle, execute_plan=False) as orig:
-        runners = {"ort": lambda: ref.run(None, feeds), "plan": lambda: phases.append(plan.run_timed(None, feeds)[1]),
-                   "original": lambda: orig.run(None, feeds)}
-        for _ in range(3):  # warm-up all three
+    runners = {"ort": lambda: ref.run(None, feeds)}
+    backends, phases = {}, {}
+    for prec, b in bundles.items():
+        plan, orig = EmulatorBackend(b), EmulatorBackend(b, execute_plan=False)
+        plan.activate(), orig.activate()
+        backends[prec] = (plan, orig)
+        phases[prec] = []
+        runners[f"plan:{prec}"] = (lambda p=plan, ph=phases[prec]: ph.append(p.run_timed(None, feeds)[1]))
+        runners[f"original:{prec}"] = (lambda o=orig: o.run(None, feeds))
+    times: dict[str, list[float]] = {k: [] for k in runners}
+    try:
+        for _ in range(3):  # warm-up all
             for f in runners.values():
                 f()
         keys = list(runners)
         for i in range(runs):
-            for k in keys[i % 3:] + keys[: i % 3]:
+            r = i % len(keys)
+            for k in keys[r:] + keys[:r]:
                 t0 = time.perf_counter()
                 runners[k]()
                 times[k].append(time.perf_counter() - t0)
-        pg = plan.last_plan_graph
+        graphs = {prec: p.last_plan_graph for prec, (p, _) in backends.items()}
+    finally:
+        for p, o in backends.values():
+            p.deactivate(), o.deactivate()
     med = {k: statistics.median(v) for k, v in times.items()}
-    return {"ort_ms": med["ort"] * 1e3, "emu_ms": med["plan"] * 1e3, "orig_ms": med["original"] * 1e3,
-            "ratio": med["plan"] / med["ort"], "orig_ratio": med["original"] / med["ort"],
-            "h2d_ms": statistics.median(p.h2d for p in phases) * 1e3,
-            "compute_ms": statistics.median(p.compute for p in phases) * 1e3,
-            "d2h_ms": statistics.median(p.d2h for p in phases) * 1e3,
+    out = {"ort_ms": med["ort"] * 1e3, "load": os.getloadavg()[0], "rows": {}}
+    for prec in bundles:
+        pg = graphs[prec]
+        ph = phases[prec]
+        out["rows"][prec] = {
+            "emu_ms": med[f"plan:{prec}"] * 1e3, "orig_ms": med[f"original:{prec}"] * 1e3,
+            "ratio": med[f"plan:{prec}"] / med["ort"], "orig_ratio": med[f"original:{prec}"] / med["ort"],
+            "h2d_ms": statistics.median(p.h2d for p in ph) * 1e3,
+            "compute_ms": statistics.median(p.compute for p in ph) * 1e3,
+            "d2h_ms": statistics.median(p.d2h for p in ph) * 1e3,
             "transdata": len(pg.transdata), "nodes": len(pg.model.graph.node), "rounded": len(pg.rounded_tensors)}
+    return out
 
 
 def memory_growth(bundle: Path, feeds: dict, runs: int) -> dict:
@@ -173,14 +192,14 @@ def main() -> None:
         bundles = {}
         for label, (name, shapes) in CASES.items():
             model = real_model_path(name)
-            for prec in precisions:
-                b = convert(model, shapes, Path(d) / f"{name}.{prec}.bundle", prec)
+            made = {prec: convert(model, shapes, Path(d) / f"{name}.{prec}.bundle", prec) for prec in precisions}
+            for prec, b in made.items():
                 bundles[(label, prec)] = (b, model, shapes)
-                r = side_by_side(b, model, feeds_for(shapes), args.runs)
-                r["load"] = os.getloadavg()[0]
-                rows.append((label, prec, r))
-                print(f"{label} {prec}: plan {r['emu_ms']:.2f} ms, original graph {r['orig_ms']:.2f} ms, "
-                      f"onnxruntime {r['ort_ms']:.2f} ms, ratio {r['ratio']:.3f}, load {r['load']:.1f}", flush=True)
+            r = side_by_side(made, model, feeds_for(shapes), args.runs)
+            rows.append((label, r))
+            for prec, row in r["rows"].items():
+                print(f"{label} {prec}: plan {row['emu_ms']:.2f} ms, original graph {row['orig_ms']:.2f} ms, "
+                      f"onnxruntime {r['ort_ms']:.2f} ms, ratio {row['ratio']:.3f}, load {r['load']:.1f}", flush=True)
         cls_shapes = {"x": (1, 3, 48, 192)}
         cls_bundle = convert(real_model_path("ppocr_cls"), cls_shapes, Path(d) / "cls.bundle", precisions[0])
         mem = memory_growth(cls_bundle, feeds_for(cls_shapes), args.mem_runs)
@@ -208,21 +227,21 @@ def main() -> None:
              "| model | precision | onnxruntime (ms) | emulator, plan executed (ms) | ratio | original-graph mode "
              "(ms, ratio) | TransData run / nodes / tensors rounded | load | target ≤ 1.5× |",
              "|---|---|---:|---:|---:|---:|---|---:|---|"]
-    by = {}
-    for label, prec, r in rows:
-        ok = "met" if r["ratio"] <= 1.5 else "**missed**"
-        by[(label, prec)] = r
-        lines.append(f"| {label} | {prec} | {r['ort_ms']:.2f} | {r['emu_ms']:.2f} | {r['ratio']:.3f} | "
-                     f"{r['orig_ms']:.2f}, {r['orig_ratio']:.3f} | {r['transdata']} / {r['nodes']} / {r['rounded']} | "
-                     f"{r['load']:.1f} | {ok} |")
+    for label, r in rows:
+        for prec, row in r["rows"].items():
+            ok = "met" if row["ratio"] <= 1.5 else "**missed**"
+            lines.append(f"| {label} | {prec} | {r['ort_ms']:.2f} | {row['emu_ms']:.2f} | {row['ratio']:.3f} | "
+                         f"{row['orig_ms']:.2f}, {row['orig_ratio']:.3f} | {row['transdata']} / {row['nodes']} / "
+                         f"{row['rounded']} | {r['load']:.1f} | {ok} |")
     if len(precisions) > 1:
-        lines += ["", "float16 emulation cost (same emulator, plan executed; target ≤ 1.2×):", ""]
-        for label in CASES:
-            a, b = by.get((label, precisions[0])), by.get((label, precisions[1]))
+        lines += ["", f"float16 emulation cost (same emulator, plan executed, {precisions[1]} / {precisions[0]}, "
+                      "measured in the same rotation; target ≤ 1.2×):", ""]
+        for label, r in rows:
+            a, b = r["rows"].get(precisions[0]), r["rows"].get(precisions[1])
             if a and b:
                 ratio = b["emu_ms"] / a["emu_ms"]
-                lines.append(f"- {label}: {precisions[1]} / {precisions[0]} = {ratio:.2f}× "
-                             f"({'met' if ratio <= 1.2 else '**missed**'})")
+                lines.append(f"- {label}: {ratio:.2f}× ({'met' if ratio <= 1.2 else '**missed**'}); original-graph "
+                             f"mode {b['orig_ms'] / a['orig_ms']:.2f}×")
     lines += ["", "Memory, one session, RSS (psutil) after a warm-up and at every tenth of the runs:", "",
               f"- PP-OCR cls 1×3×48×192, {mem['runs']:,} runs ({mem['seconds']:.0f} s): "
               f"{mem['rss_start_mb']:.1f} MB → {mem['rss_end_mb']:.1f} MB (growth {mem['growth_mb']:+.1f} MB, "
