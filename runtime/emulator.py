@@ -91,6 +91,7 @@ class _Transfer:
         self.device_format = str(entry.get("device_format") or self.host_format)
         self.c0 = entry.get("c0")
         self.identity = _same_layout(self.host_format, self.device_format)
+        self._buffers: dict[tuple, np.ndarray] = {}
         self.origin = self.host_format if self.host_format in _PLAIN_4D + _PLAIN_5D else None
         # the lowered graph's layout when it differs from the host's (channels-last host inputs)
         graph = str(entry.get("graph_format") or "").upper()
@@ -112,10 +113,19 @@ class _Transfer:
             kw["origin"] = self.origin
         return kw
 
-    def pack(self, x: np.ndarray) -> np.ndarray:
+    def pack(self, x: np.ndarray, *, reuse: bool = False) -> np.ndarray:
+        """The host array in the device layout. ``reuse``: write into this transfer's own buffer from
+        the previous run of the same shape (the device buffer is consumed within the run)."""
         from npu_deploy.converters import formats
 
-        return formats.pack(x, self.device_format, **self._kw())
+        if not reuse:
+            return formats.pack(x, self.device_format, **self._kw())
+        key = (x.shape, x.dtype)
+        buf = self._buffers.get(key)
+        if buf is None:
+            buf = self._buffers[key] = formats.pack(x, self.device_format, **self._kw())
+            return buf
+        return formats.pack(x, self.device_format, out=buf, **self._kw())
 
     def unpack(self, phys: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
         """The device buffer as the lowered graph reads it; ``shape`` is the host array's shape."""
@@ -343,12 +353,13 @@ class EmulatorBackend(Backend):
         if not self.execute_plan:
             return self._run_original(output_names, feeds)
         device: dict[str, np.ndarray] = {}
+        recording = getattr(self, "_recording", False)
+        keep = self.record_device_buffers or recording  # buffers handed out: fresh ones every run
         with self._phase("h2d"):
             for name, x in feeds.items():
                 t = self._in_transfers[name]
-                device[name] = x if t.identity else t.pack(x)
+                device[name] = x if t.identity else t.pack(x, reuse=not keep)
         with self._phase("compute"):
-            recording = getattr(self, "_recording", False)
             pg, sess = self.plan_graph({n: self._in_transfers[n].graph_shape(x.shape) for n, x in feeds.items()},
                                        {n: x for n, x in feeds.items() if self._in_transfers[n].identity
                                         and self._in_transfers[n].graph_format is None}, expose=recording)
