@@ -46,7 +46,7 @@ Public API (used by the planner, the bundle manifest and the emulator's estimate
         # estimate() also accepts the manifest's transdata dicts ({name, src_format, dst_format,
         # bytes, ...}).
     estimate(ops: list[EstimatedOp], transdata=(), soc="Ascend310P3", *, soc_profile=None,
-             threshold=0.08) -> CostReport
+             threshold_pct=8.0) -> CostReport
     estimate_model(model, soc="Ascend310P3", *, input_shapes=None, dtype="float16",
                    soc_profile=None) -> CostReport
         # whole ONNX model (path or ModelProto), every node on AI Core, no TransData; shapes from

@@ -27,7 +27,7 @@ UNARY_ELEMENTWISE = frozenset({
 BINARY_ELEMENTWISE = frozenset({"Add", "Sub", "Mul", "Div", "Max", "Min", "Pow", "PRelu", "Sum"})
 
 
-def _subgraph_reads(node: onnx.NodeProto) -> set[str]:
+def subgraph_reads(node: onnx.NodeProto) -> set[str]:
     """Names the subgraphs of ``node`` (If/Loop/Scan bodies) read from the outer graph."""
     names: set[str] = set()
     for a in node.attribute:
@@ -35,7 +35,7 @@ def _subgraph_reads(node: onnx.NodeProto) -> set[str]:
         for sub_g in graphs:
             for sub in sub_g.node:
                 names.update(i for i in sub.input if i)
-                names |= _subgraph_reads(sub)
+                names |= subgraph_reads(sub)
     return names
 
 
@@ -47,7 +47,7 @@ def fused_tensors(g: onnx.GraphProto, node_formats: Mapping[str, Any], transdata
     td_by_edge = {(str(td.get("tensor")), str(c)) for td in transdata for c in td.get("consumers") or []}
     sub_reads: set[str] = set()
     for n in g.node:
-        sub_reads |= _subgraph_reads(n)
+        sub_reads |= subgraph_reads(n)
     readers: dict[str, list[onnx.NodeProto]] = {}
     for n in g.node:
         for t in n.input:

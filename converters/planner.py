@@ -1839,16 +1839,7 @@ def _graph_reads(graphs: Sequence[onnx.GraphProto]) -> set[str]:
     return reads - defined
 
 
-def _outer_reads(node: onnx.NodeProto) -> set[str]:
-    """Names the subgraphs of ``node`` (If/Loop/Scan bodies) read: they keep outer tensors alive."""
-    names: set[str] = set()
-    for a in node.attribute:
-        graphs = [a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs)
-        for g in graphs:
-            for sub in g.node:
-                names.update(i for i in sub.input if i)
-                names |= _outer_reads(sub)
-    return names
+_outer_reads = fusion.subgraph_reads  # names If/Loop/Scan bodies read: they keep outer tensors alive
 
 
 def _memory_plan(state: PlanState, transdata: list[TransData], memory) -> Any:

@@ -45,7 +45,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from npu_deploy.converters import format_graph, formats
 from npu_deploy.converters.format_graph import IDENTITY_PLAIN, is_identity, norm_format, same_format
-from npu_deploy.converters.fusion import BINARY_ELEMENTWISE, UNARY_ELEMENTWISE, _subgraph_reads
+from npu_deploy.converters.fusion import BINARY_ELEMENTWISE, UNARY_ELEMENTWISE, subgraph_reads
 from npu_deploy.errors import FormatError, ModelError
 
 LOW_PRECISION = {"float16": TensorProto.FLOAT16, "bfloat16": TensorProto.BFLOAT16}
@@ -224,7 +224,7 @@ def build_plan_graph(graph: onnx.ModelProto, manifest: Mapping[str, Any], weight
 
     sub_reads: set[str] = set()
     for n in g.node:
-        sub_reads |= _subgraph_reads(n)
+        sub_reads |= subgraph_reads(n)
 
     def elem(t: str) -> int:
         if t not in types:
