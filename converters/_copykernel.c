@@ -320,6 +320,24 @@ static void tile_copy_nt(char *d, const char *s, i64 nb, i64 na, i64 db, i64 da,
             for (i64 j = 0; j < na; j += 4) tr4x4_u32_nt(d + i * db + j * 4, db, s + j * sa + i * 4, sa);
         return;
     }
+    if (nt && es == 2 && da == 2 && sb == 2 && nb > 8 && (nb & 7) != 0 && na >= 8 && (na & 7) == 0
+        && (((uintptr_t)d | (uintptr_t)db) & 15) == 0) {
+        /* FRACTAL_Z pack (nb = H*W = 9 rows of C0 halves): the 8x8 blocks, then each remaining row
+         * gathered 8 elements at a time, all streamed */
+        i64 nb8 = nb & ~(i64)7;
+        for (i64 i = 0; i < nb8; i += 8)
+            for (i64 j = 0; j < na; j += 8) tr8x8_u16_nt(d + i * db + j * 2, db, s + j * sa + i * 2, sa);
+        for (i64 i = nb8; i < nb; i++)
+            for (i64 j = 0; j < na; j += 8) {
+                const char *q = s + j * sa + i * 2;
+                uint16_t e[8];
+                for (int k = 0; k < 8; k++) memcpy(&e[k], q + k * sa, 2);
+                _mm_stream_si128((__m128i *)(d + i * db + j * 2),
+                                 _mm_setr_epi16((short)e[0], (short)e[1], (short)e[2], (short)e[3], (short)e[4],
+                                                (short)e[5], (short)e[6], (short)e[7]));
+            }
+        return;
+    }
 #else
     (void)nt;
 #endif
@@ -472,7 +490,8 @@ int npd_copy(char *dst, const char *src, int nd, const i64 *shape, const i64 *ds
  *   the "block" side has b unit-strided and a stride B*elsize: per r one contiguous A x B block;
  *   the "run" side has a unit-strided and r stride A*elsize: per b one contiguous run of R*A.
  * dir 0: src is the block side, dst the run side (FRACTAL_Z pack: per n one C0 x H*W block of the
- * NCHW weight, per h*w one run of N*C0); dir 1: the reverse (unpack).  Per r one A x B <-> B x A
+ * NCHW weight, per h*w one run of N*C0); dir 1: the reverse (unpack). dir | 4: streaming stores on
+ * the run side where they apply (2-byte elements, 16-byte aligned runs).  Per r one A x B <-> B x A
  * transpose (SSE2 8x8 blocks for 2-byte elements), walked without the generic kernel's tile loops,
  * with a software prefetch of the block side a few rows ahead.  (Measured and rejected on the
  * benchmark machine: staging r-tiles through an L1 buffer, with memcpy or non-temporal stores;
@@ -499,6 +518,8 @@ static inline void npd_prefetch(const char *p, i64 n, int write) {
 
 int npd_tile3(char *dst, const char *src, int nd, const i64 *shape, const i64 *ds, const i64 *ss, i64 es,
               int dir) {
+    int nt = (dir & 4) != 0;               /* bit 2: streaming stores on the run side (pack) */
+    dir &= ~4;
     if (nd < 3 || nd > NPD_MAXND || es < 1 || (dir != 0 && dir != 1)) return -1;
     for (int k = 0; k < nd; k++) {
         if (shape[k] < 0) return -1;
@@ -517,7 +538,7 @@ int npd_tile3(char *dst, const char *src, int nd, const i64 *shape, const i64 *d
         if (dir == 0) {     /* run[b][r*A + a] = blk_r[a][b]; prefetch the source block 8 rows ahead */
             for (i64 r = 0; r < R; r++) {
                 if (r + NPD_T3_READ_AHEAD < R) npd_prefetch(s + (r + NPD_T3_READ_AHEAD) * rstride, blk, 0);
-                tile_copy(d + r * A * es, s + r * rstride, B, A, bstride, es, es, B * es, es);
+                tile_copy_nt(d + r * A * es, s + r * rstride, B, A, bstride, es, es, B * es, es, nt);
             }
         } else {            /* blk_r[a][b] = run[b][r*A + a]; prefetch (for writing) the block 4 rows ahead */
             for (i64 r = 0; r < R; r++) {
@@ -527,5 +548,8 @@ int npd_tile3(char *dst, const char *src, int nd, const i64 *shape, const i64 *d
         }
         if (!odometer_next(idx, no, shape, ds, ss, &d, &s)) break;
     }
+#if defined(__SSE2__)
+    if (nt) _mm_sfence();
+#endif
     return 0;
 }

@@ -50,8 +50,8 @@ Copies of at least ``_PARALLEL_BYTES`` are split over ``min(len(sched_getaffinit
 (numpy, onnxruntime and the kernel release the GIL while copying), or the caller's ``threads``: the
 work is cut into a few chunks per thread which the calling thread and the helpers take from one
 queue, so a helper waiting for a busy core delays nothing. The thread count depends on the size
-only, never on the momentary machine load, so results are reproducible. It never allocates anything of the array's
-size (the scratch tiles are at most 2 MiB per thread, kept between calls). ``NPU_DEPLOY_FASTCOPY=0``
+only, never on the momentary machine load, so results are reproducible. It never allocates anything
+of the array's size (the scratch tiles are at most 2 MiB per thread, kept between calls). ``NPU_DEPLOY_FASTCOPY=0``
 disables it (every copy is then a plain ``dst[...] = src``), ``NPU_DEPLOY_FASTCOPY_ORT=0`` keeps it
 numpy-only, ``NPU_DEPLOY_THREADS=N`` sets the thread count.
 """
@@ -527,7 +527,8 @@ def _numpy_copy(d: np.ndarray, s: np.ndarray, shape, ds, ss, unit: int, n_thread
 KERNEL_ENABLED = os.environ.get("NPU_DEPLOY_KERNEL", "1").strip().lower() not in _OFF
 _KERNEL_SOURCE = "_copykernel.c"
 _KERNEL_FLAGS = ["-O3", "-shared", "-fPIC", "-std=c99"]
-_KTILE_A_BYTES = 256        # kernel transpose tile: bytes along the destination's inner axis (8 lines of 32 B
+_KTILE_A_BYTES = 256        # kernel transpose tile: bytes along the destination's inner axis (8 units of 32 B:
+                            # FRACTAL_NZ's source column stays in one 8-way L1 set; 1024 thrashed it)
 _KTILE_B_BYTES = 4096       # ... and along the source's inner axis (measured on the NZ and 5HD cases)
 _KTILE_MAX = 256 << 10      # ... and at most this many bytes per tile
 _NT_BYTES = 8 << 20         # copies at least this large write with streaming stores (measured: 16 MiB gains)
@@ -756,7 +757,7 @@ def _kernel_tasks(dst: np.ndarray, src: np.ndarray, shape, ds, ss, unit: int, n_
     step = -(-shape[ax] // chunks)
     c_ds = (ctypes.c_int64 * nd)(*ds)
     c_ss = (ctypes.c_int64 * nd)(*ss)
-    nt = 4 if mode == 1 and math.prod(shape) * unit >= _NT_BYTES else 0    # streaming stores
+    nt = 4 if mode in (1, 2) and math.prod(shape) * unit >= _NT_BYTES else 0    # streaming stores
     # bounds: every byte the kernel touches (each task's box) must lie inside both arrays' memory
     dlo, dhi = _byte_bounds(dst)
     slo, shi = _byte_bounds(src)
@@ -771,7 +772,7 @@ def _kernel_tasks(dst: np.ndarray, src: np.ndarray, shape, ds, ss, unit: int, n_
                 raise AssertionError(f"fast copy: kernel extent [{lo}, {hi}) outside [{blo}, {bhi})")
         c_shape = (ctypes.c_int64 * nd)(*sub)
         if mode == 2:
-            tasks.append((fn3, dp, sp, (nd, c_shape, c_ds, c_ss, unit, plan3[1])))
+            tasks.append((fn3, dp, sp, (nd, c_shape, c_ds, c_ss, unit, plan3[1] | nt)))
         else:
             tasks.append((fn, dp, sp, (nd, c_shape, c_ds, c_ss, unit, mode | nt, tile_a, tile_b)))
     return tasks

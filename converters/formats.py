@@ -1321,7 +1321,9 @@ def _make_recipe(p: _Plan, unpack: bool, in_shape: tuple[int, ...]) -> _Recipe:
 def _make_recipe_maps(p: _Plan, unpack: bool, in_shape: tuple[int, ...]) -> _Recipe:
     out_shape = p.shape if unpack else p.storage
     size, stored = math.prod(p.shape), math.prod(p.storage)
-    if max(size, stored) > max(_GATHER_MAX, _GATHER_FALLBACK_MAX) or size == 0:
+    # index maps only where they will serve (the kernel, when present, takes the larger tensors)
+    limit = _GATHER_MAX if (_fastcopy.ENABLED and _fastcopy._kernel_fn() is not None) else _GATHER_FALLBACK_MAX
+    if max(size, stored) > max(_GATHER_MAX, limit) or size == 0:
         return _Recipe(p, unpack, in_shape, out_shape)
     item = p.dtype.itemsize
     offs = np.ascontiguousarray(_offsets_of(p), dtype=np.intp).reshape(-1)   # logical -> storage

@@ -112,7 +112,11 @@ def test_out_is_the_zero_allocation_path(fmt, shape, kw):
         peak = tracemalloc.get_traced_memory()[1] - base
     finally:
         tracemalloc.stop()
-    assert peak < 4096, f"{peak} bytes allocated for a {x.nbytes}-byte tensor"
+    # a few Python objects (views, ctypes arguments) at most; the no-kernel fallback builds its
+    # strided views per call (some KiB), still nothing of the tensor's size (>= 800 KiB here)
+    small_path = _fastcopy._kernel_fn() is not None or x.size <= F._GATHER_FALLBACK_MAX
+    limit = 4096 if small_path else 65536      # (onnxruntime bindings of the fallback: ~17 KiB)
+    assert peak < min(limit, x.nbytes // 4 + 4096), f"{peak} bytes allocated for a {x.nbytes}-byte tensor"
     assert back.tobytes() == x.tobytes()
 
 
