@@ -1,21 +1,34 @@
 """``npu-deploy compare REFERENCE.onnx TARGET``: outputs against onnxruntime, with tolerances.
 
 Exit 0 when every output passes, 1 when any fails (2 bad input, 3 environment).
+
+Polygraphy's spellings work: ``--check-error-stat max|mean|median|elemwise``, per-output tolerances
+(``--atol 1e-4 --atol out1:1e-3 --rtol 1e-2``), ``--val-range [0,1] x:[0,255]``,
+``--data-loader-npz`` (= ``--load-inputs``, repeatable: several samples) and ``--samples N``.
 """
 
 from __future__ import annotations
 
 import click
 
-from npu_deploy.cli.options import apply, parse_input_shapes, refuse_overwriting, tolerance_options
+from npu_deploy._display import plural
+from npu_deploy.cli.options import (HabitCommand, apply, parse_input_shapes, parse_tolerances, parse_val_ranges,
+                                    per_output_tolerance_options, refuse_overwriting)
 from npu_deploy._text import printable
 from npu_deploy.errors import InputError
 
 
-@click.command("compare", context_settings={"help_option_names": ["-h", "--help"]})
+@click.command("compare", cls=HabitCommand, context_settings={"help_option_names": ["-h", "--help"]})
 @click.argument("reference", type=click.Path(dir_okay=False))
 @click.argument("target", type=click.Path(dir_okay=False))
-@apply(tolerance_options)
+@apply(per_output_tolerance_options)
+@click.option("--check-error-stat", "error_stat", type=click.Choice(["elemwise", "max", "mean", "median"]),
+              default=None, help="What is held against atol/rtol (Polygraphy): every element (elemwise, the "
+                                 "default), or the max / mean / median error of each output.")
+@click.option("--val-range", "val_range", multiple=True, metavar="[NAME:][LO,HI]",
+              help="Value range of generated inputs: [0,1] for all, x:[0,255] for one (repeatable).")
+@click.option("--samples", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Generated input samples (seeds SEED, SEED+1, ...); all are judged together.")
 @click.option("--cosine-min", type=float, default=None,
               help="Minimum cosine similarity per output (default 0.999 for float16 models, else unchecked).")
 @click.option("--max-outside", type=float, default=None, metavar="SHARE",
@@ -27,8 +40,8 @@ from npu_deploy.errors import InputError
               help="Concrete shapes for dynamic inputs, e.g. 'x:1,3,640,640'.")
 @click.option("--save-inputs", type=click.Path(dir_okay=False), default=None,
               help="Save the inputs used to an .npz, to replay a failing case.")
-@click.option("--load-inputs", type=click.Path(dir_okay=False), default=None,
-              help="Use the inputs from an .npz written by --save-inputs.")
+@click.option("--load-inputs", "--data-loader-npz", "load_inputs", type=click.Path(dir_okay=False), multiple=True,
+              help="Use the inputs from an .npz written by --save-inputs; repeat for several samples.")
 @click.option("--output", "output_names", multiple=True, metavar="NAME",
               help="Compare only this output (repeatable). Default: all.")
 @click.option("--backend", type=click.Choice(["auto", "emulator", "acl"]), default="auto", show_default=True)
@@ -36,8 +49,8 @@ from npu_deploy.errors import InputError
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None,
               help="Write the metrics and verdict as JSON.")
 @click.pass_context
-def command(ctx, reference, target, atol, rtol, cosine_min, max_outside, inputs, seed, input_shape, save_inputs,
-            load_inputs, output_names, backend, device_id, json_path):
+def command(ctx, reference, target, atol, rtol, error_stat, val_range, samples, cosine_min, max_outside, inputs,
+            seed, input_shape, save_inputs, load_inputs, output_names, backend, device_id, json_path):
     """Compare TARGET (bundle or .om) with onnxruntime (float32) on REFERENCE.onnx.
 
     Prints per output: cosine similarity, max absolute and relative error, RMSE, share of elements
@@ -52,36 +65,49 @@ def command(ctx, reference, target, atol, rtol, cosine_min, max_outside, inputs,
     if load_inputs and inputs:
         raise InputError("give either --load-inputs or --input, not both")
     # --save-inputs may rewrite the --load-inputs file (same arrays); it may not replace a model
-    check_thresholds(atol=atol, rtol=rtol, cosine_min=cosine_min, max_outside=max_outside)
+    atol = parse_tolerances(atol, option="--atol")
+    rtol = parse_tolerances(rtol, option="--rtol")
+    ranges = parse_val_ranges(val_range)
+    check_thresholds(cosine_min=cosine_min, max_outside=max_outside)
+    if (load_inputs or inputs) and (ranges or samples > 1):
+        raise InputError("--val-range and --samples shape generated inputs; the inputs here are given",
+                         hint="drop them, or drop --input / --load-inputs")
     refuse_overwriting([("--save-inputs", save_inputs), ("--json", json_path)],
                        [("reference model", reference), ("target model", target),
                         *[("input file", p) for p in input_files(inputs)]])
     if json_path and load_inputs:
-        refuse_overwriting([("--json", json_path)], [("--load-inputs file", load_inputs)])
+        refuse_overwriting([("--json", json_path)], [("--load-inputs file", f) for f in load_inputs])
     shapes = parse_input_shapes(input_shape, option="--input-shape")
     with InferenceSession(target, device_id=device_id, backend=backend) as sess:
         feeds = None
         if load_inputs:
-            feeds = load_npz(load_inputs)
+            feeds = [load_npz(f) for f in load_inputs]
         elif inputs:
-            from npu_deploy.runtime.compare import generate_inputs
+            from npu_deploy.runtime.compare import generate_inputs, index_ranges
 
             metas = sess.get_inputs()
             given = build_feeds(metas, inputs, None, None, shapes, None, seed)
             # inputs not given on the command line are generated from the seed
-            feeds = {**generate_inputs([m for m in metas if m.name not in given], seed=seed, shapes=shapes),
-                     **given}
+            feeds = {**generate_inputs([m for m in metas if m.name not in given], seed=seed, shapes=shapes,
+                                       index_ranges=index_ranges(reference)), **given}
         res = compare(reference, sess, inputs=feeds, seed=seed, input_shapes=shapes, atol=atol, rtol=rtol,
                       cosine_min=cosine_min, max_outside=max_outside, output_names=list(output_names) or None,
-                      save_inputs_to=save_inputs)
+                      save_inputs_to=save_inputs, error_stat=error_stat, val_range=ranges or None,
+                      samples=samples)
     res.target = str(target)
     click.echo(f"reference: {reference} (onnxruntime, float32)")
     click.echo(f"target:    {target} ({res.backend})")
     for n, info in res.inputs.items():
         click.echo(printable(f"  input {n}: {info['dtype']} {tuple(info['shape'])}"))
+    if res.samples > 1:
+        click.echo(f"  {plural(res.samples, 'sample')}, judged together")
     if save_inputs:
-        click.echo(f"inputs saved: {save_inputs}")
+        click.echo(f"inputs saved: {save_inputs}" + (" (the first sample)" if res.samples > 1 else ""))
     click.echo(res.table())
+    for line in res.histogram_lines():
+        click.echo(printable(line))
+    for note in res.notes:
+        click.echo(f"npu-deploy: note: {note}", err=True)
     if json_path:
         res.to_json(json_path)
         click.echo(f"json written: {json_path}")

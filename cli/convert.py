@@ -1,13 +1,55 @@
-"""``npu-deploy convert``: a thin shell over :func:`npu_deploy.converters.convert.convert`."""
+"""``npu-deploy convert``: a thin shell over :func:`npu_deploy.converters.convert.convert`.
+
+ATC's spellings are accepted as they are, so an ``atc`` command line pasted after ``npu-deploy convert``
+runs: ``--model``, ``--framework=5``, ``--output``, ``--soc_version``, ``--input_shape``,
+``--input_format``, ``--precision_mode``, ``--dynamic_batch_size``, ``--dynamic_dims``,
+``--insert_op_conf``, ``--keep_dtype`` (ATC's file, or our list), ``--enable_small_channel=0|1``; the
+options only ATC implements (``--out_nodes``, ``--output_type``, ``--op_select_implmode``, ``--log``)
+go to ATC, and the built-in lowering says it ignored them.
+"""
 
 from __future__ import annotations
+
+import os
 
 import click
 
 from npu_deploy._text import printable
-from npu_deploy.cli.options import parse_input_shapes, parse_int_list, refuse_overwriting, soc_option
+from npu_deploy.cli.feedback import Stages, interactive
+from npu_deploy.cli.options import (HabitCommand, flag_from_01, parse_input_shapes, parse_int_list,
+                                    refuse_overwriting, soc_option)
 from npu_deploy.converters.options import ALL_INPUT_FORMATS, ALL_PRECISION_MODES, BACKENDS
+from npu_deploy.errors import InputError
 
+# ATC spellings whose value changes meaning here; the others are extra names of our options below
+REWRITES = {"--enable_small_channel": flag_from_01("--enable-small-channel", "--enable_small_channel")}
+ONNX_FRAMEWORK = ("5", "onnx")
+MAX_KEEP_DTYPE_FILE = 1 << 20  # ATC's keep_dtype file: op names, one a line; megabytes of it is not one
+
+
+def _keep_dtype(text: str | None) -> list[str] | None:
+    """``NODE,OpType::X`` (ours) or the path of ATC's file with one entry a line."""
+    if not text:
+        return None
+    if os.path.isfile(text):
+        if os.path.getsize(text) > MAX_KEEP_DTYPE_FILE:
+            raise InputError(f"--keep_dtype file {text} is larger than 1 MiB; it should list op names, one a line")
+        with open(text, encoding="utf-8", errors="replace") as f:
+            names = [line.strip() for line in f if line.strip() and not line.lstrip().startswith("#")]
+        if not names:
+            raise InputError(f"--keep_dtype file {text} names no op", hint="one op name or OpType::X a line")
+        return names
+    return [k.strip() for k in text.split(",") if k.strip()] or None
+
+
+
+def _model(positional: str | None, option: str | None) -> str:
+    if positional and option and os.path.abspath(positional) != os.path.abspath(option):
+        raise InputError(f"two models given: {positional} and --model={option}", hint="give the model once")
+    model = positional or option
+    if not model:
+        raise click.UsageError("missing the model: npu-deploy convert MODEL.onnx (or ATC's --model=MODEL.onnx)")
+    return model
 
 
 def _dims(text: str | None) -> list[tuple[int, ...]] | None:
@@ -20,8 +62,11 @@ def _dims(text: str | None) -> list[tuple[int, ...]] | None:
     return gears
 
 
-@click.command("convert", context_settings={"help_option_names": ["-h", "--help"]})
-@click.argument("model", type=click.Path(dir_okay=True, path_type=str))
+@click.command("convert", cls=HabitCommand, rewrites=REWRITES, passthrough="--atc-arg",
+               context_settings={"help_option_names": ["-h", "--help"]})
+@click.argument("model", type=click.Path(dir_okay=True, path_type=str), required=False)
+@click.option("--model", "model_opt", default=None, metavar="MODEL.onnx", help="The model (ATC's spelling).")
+@click.option("--framework", default=None, metavar="5", help="ATC's framework number: 5 (ONNX) is the only one.")
 @click.option("-o", "--output", default=None, metavar="OUT",
               help="Output file (default MODEL.bundle, or MODEL.om with ATC). A bundle is written exactly "
                    "to OUT; ATC appends .om when OUT lacks it and may add an _<os>_<arch> suffix.")
@@ -29,52 +74,71 @@ def _dims(text: str | None) -> list[tuple[int, ...]] | None:
               help="atc: CANN's compiler; builtin: npu-deploy's lowering to an offline bundle; "
                    "auto: ATC when found, else builtin.")
 @soc_option
-@click.option("--input-shape", "input_shape", default=None, metavar='"x:1,3,224,224;y:1,128"',
+@click.option("--input-shape", "--input_shape", "input_shape", default=None, metavar='"x:1,3,224,224;y:1,128"',
               help="Fix input shapes (ATC --input_shape); -1 marks a gear dimension.")
-@click.option("--input-format", type=click.Choice(ALL_INPUT_FORMATS), default=None,
+@click.option("--input-format", "--input_format", "input_format", type=click.Choice(ALL_INPUT_FORMATS), default=None,
               help="Layout the host feeds 4-D (NCHW/NHWC) or 5-D (NCDHW/NDHWC) inputs in; ND for all "
                    "(ATC --input_format). NHWC/NDHWC: built-in backend only (converted on the device); "
                    "ATC takes NCHW, NCDHW or ND for ONNX.")
-@click.option("--dynamic-batch", default=None, metavar="1,4,8",
+@click.option("--dynamic-batch", "--dynamic_batch_size", "dynamic_batch", default=None, metavar="1,4,8",
               help="Batch gears (ATC --dynamic_batch_size).")
-@click.option("--dynamic-dims", default=None, metavar='"1,128;4,256"',
+@click.option("--dynamic-dims", "--dynamic_dims", "dynamic_dims", default=None, metavar='"1,128;4,256"',
               help="Gears for the -1 dims of --input-shape (ATC --dynamic_dims).")
-@click.option("--precision-mode", type=click.Choice(ALL_PRECISION_MODES), default=None,
+@click.option("--precision-mode", "--precision_mode", "precision_mode", type=click.Choice(ALL_PRECISION_MODES), default=None,
               help="ATC precision mode (default force_fp16). The built-in lowering implements force_fp16, "
                    "allow_fp32_to_fp16, must_keep_origin_dtype and allow_mix_precision; the others are "
                    "ATC's only.")
-@click.option("--keep-dtype", default=None, metavar="NODE,...",
-              help="Nodes (or OpType::X) kept in float32 (ATC --keep_dtype).")
-@click.option("--enable-small-channel", is_flag=True, help="NC1HWC0_C04 for a first conv with <= 4 channels.")
+@click.option("--keep-dtype", "--keep_dtype", "keep_dtype", default=None, metavar="NODE,...|FILE",
+              help="Nodes (or OpType::X) kept in float32, comma-separated, or ATC's --keep_dtype file "
+                   "(one a line).")
+@click.option("--enable-small-channel", is_flag=True,
+              help="NC1HWC0_C04 for a first conv with <= 4 channels (ATC: --enable_small_channel=1).")
+@click.option("--out_nodes", "out_nodes", default=None, metavar='"node:0;out2"',
+              help="Cut the graph at these outputs (ATC --out_nodes; both backends).")
+@click.option("--output_type", "output_type", default=None, metavar='FP16|"node:0:FP16"',
+              help="Output dtypes (ATC --output_type; both backends).")
+@click.option("--op_select_implmode", "op_select_implmode", default=None, metavar="high_precision",
+              help="ATC: kernel implementation choice (passed to ATC).")
+@click.option("--log", "atc_log", default=None, metavar="LEVEL",
+              help="ATC's log level (debug, info, warning, error, null).")
 @click.option("--atc-arg", "atc_args", multiple=True, metavar="--name=value",
               help="Extra argument passed to ATC verbatim (repeatable).")
 @click.option("--atc", "atc_path", default=None, metavar="PATH", help="The atc executable to use.")
-@click.option("--insert-op-conf", "insert_op_conf", default=None, metavar="AIPP.cfg",
+@click.option("--insert-op-conf", "--insert_op_conf", "insert_op_conf", default=None, metavar="AIPP.cfg",
               type=click.Path(exists=True, dir_okay=False),
               help="AIPP configuration file for ATC (ATC --insert_op_conf).")
 @click.option("--timeout", type=float, default=None, metavar="S", help="Give up on ATC after S seconds.")
 @click.option("--report", default=None, metavar="FILE.json", help="Write the result and plan report as JSON.")
 @click.option("--explain", is_flag=True, help="Print, for every TransData kept, why it had to stay.")
 @click.option("--quiet", "-q", is_flag=True, help="Print only the verdict line.")
-def command(model, output, backend, soc, input_shape, input_format, dynamic_batch, dynamic_dims,
-            precision_mode, keep_dtype, enable_small_channel, atc_args, atc_path, insert_op_conf, timeout, report,
-            explain, quiet):
-    """Lower MODEL.onnx for an Ascend NPU: ATC .om, or the built-in offline bundle."""
+def command(model, model_opt, framework, output, backend, soc, input_shape, input_format, dynamic_batch,
+            dynamic_dims, precision_mode, keep_dtype, enable_small_channel, out_nodes, output_type,
+            op_select_implmode, atc_log, atc_args, atc_path, insert_op_conf, timeout, report, explain, quiet):
+    """Lower MODEL.onnx for an Ascend NPU: ATC .om, or the built-in offline bundle.
+
+    ATC's own spellings work too: paste an atc command line after 'npu-deploy convert'.
+    """
+    from npu_deploy.converters.atc import LOG_LEVELS
     from npu_deploy.converters.convert import convert
 
+    model = _model(model, model_opt)
+    if framework is not None and framework.strip().lower() not in ONNX_FRAMEWORK:
+        raise InputError(f"--framework={framework}: npu-deploy converts ONNX models only",
+                         hint="use --framework=5 (ONNX) or leave it out; export other models to ONNX first")
+    if atc_log is not None and atc_log not in LOG_LEVELS:
+        raise InputError(f"--log={atc_log} is not an ATC log level", hint=f"use one of {', '.join(LOG_LEVELS)}")
     refuse_overwriting([("-o", output), ("--report", report)], [("input model", model)])
-
-    def progress(stage, fraction=None):
-        if not quiet and stage.startswith("atc: "):
-            click.echo(stage[5:], err=True)
-
-    result = convert(
-        model, output, backend=backend, soc=soc, input_shapes=parse_input_shapes(input_shape),
-        input_format=input_format, dynamic_batch=parse_int_list(dynamic_batch, option="--dynamic-batch") or None,
-        dynamic_dims=_dims(dynamic_dims), precision_mode=precision_mode,
-        keep_dtype=[k for k in (keep_dtype or "").split(",") if k.strip()] or None,
-        enable_small_channel=enable_small_channel, atc_args=atc_args, timeout=timeout, report=report,
-        progress=progress, atc=atc_path, insert_op_conf=insert_op_conf)
+    # ATC-only options reach ATC verbatim; the built-in backend's note names each one it ignored
+    atc_only = [f"--op_select_implmode={op_select_implmode}"] if op_select_implmode is not None else []
+    with Stages(interactive(quiet), echo_atc=not quiet) as progress:
+        result = convert(
+            model, output, backend=backend, soc=soc, input_shapes=parse_input_shapes(input_shape),
+            input_format=input_format,
+            dynamic_batch=parse_int_list(dynamic_batch, option="--dynamic-batch") or None,
+            dynamic_dims=_dims(dynamic_dims), precision_mode=precision_mode, keep_dtype=_keep_dtype(keep_dtype),
+            enable_small_channel=enable_small_channel, atc_args=tuple(atc_args), atc_flags=tuple(atc_only),
+            out_nodes=out_nodes, output_type=output_type, atc_log=atc_log, timeout=timeout, report=report,
+            progress=progress, atc=atc_path, insert_op_conf=insert_op_conf)
     for note in result.notes:
         click.echo(f"npu-deploy: warning: {note}", err=True)
     if not quiet:

@@ -53,6 +53,7 @@ def command():
       npu-deploy layout info NC1HWC0 --shape 1,3,224,224 --dtype float16
       npu-deploy layout convert x.npy x_5hd.npy --from NCHW --to NC1HWC0
       npu-deploy layout convert dump.bin x.npy --from NC1HWC0 --to NCHW --shape 1,3,224,224 --dtype float16
+      npu-deploy layout convert Conv2D.conv1.3.0.1682067845380164 y.npy --tensor output:0
     """
 
 
@@ -159,15 +160,22 @@ def _write_output(path: Path, arr: np.ndarray) -> None:
 @_common
 @click.option("--from-c0", "src_c0", type=int, default=None,
               help="C0 of a raw .bin input in a device format (default: --c0 or the dtype's default).")
-def convert(in_path, out_path, src, dst, shape_text, dtype_text, c0, groups, origin, src_c0):
-    """Convert IN (.npy, or a raw .bin device dump) from one format to another into OUT.
+@click.option("--tensor", "tensor", default=None, metavar="input:N|output:N",
+              help="IN is an ACL operator dump file: convert this tensor of it (its format, storage shape, "
+                   "dtype and logical shape come from the dump; --to defaults to the logical layout).")
+def convert(in_path, out_path, src, dst, shape_text, dtype_text, c0, groups, origin, src_c0, tensor):
+    """Convert IN (.npy, a raw .bin device dump, or one tensor of an ACL operator dump file) from one
+    format to another into OUT.
 
     OUT ending in .npy holds the array in its storage shape (NC1HWC0 gives a 5-D array), so
     numpy.load returns exactly the bytes a device would hold; any other OUT is written as raw bytes.
     """
-    from npu_deploy.converters import formats
+    from npu_deploy.converters import dump, formats
 
     refuse_overwriting([("OUT", out_path)], [("input IN", in_path)])
+    if tensor is not None or (src is None and in_path.is_file() and dump.looks_like_dump(in_path)):
+        _convert_dump(in_path, out_path, tensor, dst, src, shape_text, dtype_text, c0, groups, origin)
+        return
     if not src or not dst:
         raise InputError("layout convert needs --from and --to", hint="example: --from NCHW --to NC1HWC0")
     sf, df = formats.get_format(src), formats.get_format(dst)
@@ -203,6 +211,50 @@ def convert(in_path, out_path, src, dst, shape_text, dtype_text, c0, groups, ori
         else str(list(arr.shape))
     click.echo(f"{in_path} ({sf.name} {src_desc}) -> {out_path} ({df.name} {list(out.shape)} "
                f"{out.dtype.name}, {out.nbytes:,} bytes)")
+
+
+def _convert_dump(in_path: Path, out_path: Path, tensor: str | None, dst: str | None, src: str | None,
+                  shape_text: str | None, dtype_text: str | None, c0: int | None, groups: int,
+                  origin: str | None) -> None:
+    """One tensor of an operator dump -> its logical array (default) or ``dst``."""
+    from npu_deploy.converters import dump, formats
+
+    d = dump.read_dump(in_path)
+    if tensor is None:
+        have = f"{len(d.inputs)} input(s) and {len(d.outputs)} output(s)"
+        raise InputError(f"{in_path} is an ACL operator dump ({have}): say which tensor to convert",
+                         hint="add --tensor input:N or --tensor output:N")
+    t = dump.pick_tensor(d, tensor)
+    # what the dump says wins; a contradicting option is refused rather than silently ignored
+    checks = [("--from", src, t.format, lambda v: formats.get_format(v).name),
+              ("--dtype", dtype_text, t.dtype.name, lambda v: formats.normalize_dtype(v).name),
+              ("--shape", shape_text, list(t.original_shape), lambda v: list(_shape(v)))]
+    for option, given, actual, norm in checks:
+        if given is not None and norm(given) != actual:
+            raise InputError(f"{option} {given} contradicts {in_path} {tensor}: the dump says {actual}",
+                             hint=f"drop {option}")
+    layout = t.origin  # the logical array's layout (None: the format's default)
+    if origin is not None and formats.origin_of(t.format, origin) != (layout or formats.origin_of(t.format)):
+        raise InputError(f"--origin {origin} contradicts {in_path} {tensor}: the dump's logical layout is "
+                         f"{layout or formats.origin_of(t.format)}", hint="drop --origin")
+    try:
+        logical = t.logical()
+        if dst is None:
+            out, df_name = logical, (layout or formats.origin_of(t.format))
+        else:
+            df = formats.get_format(dst)
+            if not df.packable:
+                raise FormatError(f"{df.name} (ge {df.ge}) is known for decoding only: {df.note}")
+            if df.is_plain and (layout is None or formats.get_format(layout).name == df.name):
+                out = logical
+            else:
+                out = formats.pack(logical, df, c0=c0 if df.blocked else None, groups=groups, origin=layout)
+            df_name = df.name
+    except FormatError as e:
+        raise FormatError(f"{in_path} {tensor}: {e.message}", hint=e.hint) from None
+    _write_output(out_path, out)
+    click.echo(f"{in_path} ({tensor}: {t.format} {list(t.shape)} {t.dtype.name}) -> {out_path} ({df_name} "
+               f"{list(out.shape)} {out.dtype.name}, {out.nbytes:,} bytes)")
 
 
 def _origin_shape(physical: tuple[int, ...], fmt_name: str, origin: str | None) -> tuple[int, ...]:

@@ -31,6 +31,9 @@ COMMANDS = {
     "profile": ("npu_deploy.cli.profile", "Find format-conversion (FormatTrans) overhead in profiler output."),
     "inspect": ("npu_deploy.cli.inspect", "Show what an ONNX model, offline bundle or .om file holds."),
     "layout": ("npu_deploy.cli.layout", "Describe and convert tensors between Ascend storage formats."),
+    "debug": ("npu_deploy.cli.debug", "Accuracy debugging: dumps against onnxruntime per layer; ops to keep in fp32."),
+    "aipp": ("npu_deploy.cli.aipp", "Write an AIPP preprocessing config from mean/std/size, or check one."),
+    "optimize": ("npu_deploy.cli.optimize", "Rewrite an ONNX model for Ascend; every rewrite verified and measured."),
 }
 
 

@@ -6,7 +6,10 @@ Helpers here parse the user's strings (``"x:1,3,224,224;y:1,128"``) into Python 
 
 from __future__ import annotations
 
+import dataclasses
+import difflib
 import math
+from typing import Callable
 
 import click
 
@@ -70,8 +73,8 @@ def parse_int_list(text: str | None, *, option: str) -> list[int]:
 
 SOCS = ["Ascend310P3", "Ascend910B", "Ascend310B1", "Ascend310", "Ascend910"]
 
-soc_option = click.option("--soc", "soc", default=None, metavar="SOC",
-                          help="Target SoC, as ATC's --soc_version (default Ascend310P3).")
+soc_option = click.option("--soc", "--soc_version", "soc", default=None, metavar="SOC",
+                          help="Target SoC (ATC: --soc_version; default Ascend310P3).")
 
 
 tolerance_options = [
@@ -82,6 +85,56 @@ tolerance_options = [
 ]
 # (checked by npu_deploy.runtime.compare.check_thresholds, the one place that decides what is valid)
 
+# Polygraphy's spelling: a number for every output, or NAME:number for one (repeatable, mixable)
+per_output_tolerance_options = [
+    click.option("--atol", "atol", multiple=True, metavar="[NAME:]X",
+                 help="Absolute tolerance, finite and >= 0 (default by precision); NAME:X for one output "
+                      "(repeatable: --atol 1e-4 --atol logits:1e-3)."),
+    click.option("--rtol", "rtol", multiple=True, metavar="[NAME:]X",
+                 help="Relative tolerance, finite and >= 0 (default by precision); NAME:X for one output."),
+]
+
+
+def parse_tolerances(values: tuple[str, ...], *, option: str) -> float | dict[str, float] | None:
+    """``("1e-4",)`` → ``1e-4``; ``("1e-4", "out1:1e-3")`` → ``{"": 1e-4, "out1": 1e-3}``."""
+    if not values:
+        return None
+    per: dict[str, float] = {}
+    for v in values:
+        for item in str(v).split():
+            name, sep, num = item.rpartition(":")
+            try:
+                x = float(num)
+            except ValueError:
+                raise click.BadParameter(f"{item!r} is not a number or NAME:NUMBER", param_hint=option)
+            per[name if sep else ""] = x
+    return per[""] if list(per) == [""] else per
+
+
+def parse_val_ranges(values: tuple[str, ...], *, option: str = "--val-range") -> dict[str, tuple[float, float]]:
+    """Polygraphy's ``--val-range``: ``[0,1]`` for every input, ``x:[0,255]`` for one."""
+    out: dict[str, tuple[float, float]] = {}
+    for v in values:
+        for item in str(v).split():
+            head, sep, rng = item.rpartition(":[")
+            if sep:
+                name, body = head, rng
+            elif item.startswith("["):
+                name, body = "", item[1:]
+            else:
+                raise click.BadParameter(f"{item!r} is not [LO,HI] or NAME:[LO,HI]", param_hint=option)
+            if not body.endswith("]"):
+                raise click.BadParameter(f"{item!r}: the range must end with ']'", param_hint=option)
+            parts = body[:-1].split(",")
+            try:
+                lo, hi = (float(x) for x in parts)
+            except ValueError:
+                raise click.BadParameter(f"{item!r}: the range is two numbers, [LO,HI]", param_hint=option)
+            if not (math.isfinite(lo) and math.isfinite(hi) and lo <= hi):
+                raise click.BadParameter(f"{item!r}: need finite LO <= HI", param_hint=option)
+            out[name] = (lo, hi)
+    return out
+
 
 def apply(options):
     """Decorate a command with a list of click options (an option group)."""
@@ -90,3 +143,115 @@ def apply(options):
             f = opt(f)
         return f
     return deco
+
+
+# ------------------------------------------------------------------------------------------------
+# Other tools' spellings (ATC, ais_bench, Polygraphy): aliases, value rewrites, "did you mean"
+
+@dataclasses.dataclass(frozen=True)
+class Rewrite:
+    """A foreign spelling whose *value* has to change before click parses it: ``--enable_small_channel=1``
+    (ATC's 0/1) becomes our flag ``--enable-small-channel``. ``to(value)`` returns the replacement
+    arguments (``value`` is ``None`` for the bare flag); ``values``: the values it takes from the next
+    argument when no ``=`` is given (gflags accepts ``--name value`` for its string flags)."""
+
+    spelling: str
+    to: Callable[[str | None], list[str]]
+    values: tuple[str, ...] = ()
+    takes_value: bool = False  # the next argument is always the value (``--model x.om``)
+
+
+def flag_from_01(option: str, spelling: str) -> Rewrite:
+    """ATC's ``--name=0|1`` (or bare ``--name``) → our boolean flag ``option`` (present for 1)."""
+    def to(value):
+        v = "1" if value is None else value.strip().lower()
+        if v in ("1", "true"):
+            return [option]
+        if v in ("0", "false"):
+            return []
+        raise click.BadParameter(f"{value!r} is not 0 or 1", param_hint=spelling)
+
+    return Rewrite(spelling, to, values=("0", "1", "true", "false"))
+
+
+def positional(spelling: str) -> Rewrite:
+    """A foreign option that names what is our positional argument: ``--model x.om`` → ``x.om``."""
+    return Rewrite(spelling, lambda v: [v], takes_value=True)
+
+
+def rewrite_args(args: list[str], rewrites: dict[str, Rewrite]) -> list[str]:
+    """``args`` with every foreign spelling in ``rewrites`` replaced (arguments after ``--`` untouched)."""
+    out: list[str] = []
+    i = 0
+    while i < len(args):
+        a = args[i]
+        if a == "--":
+            out.extend(args[i:])
+            break
+        name, eq, value = a.partition("=")
+        rw = rewrites.get(name)
+        if rw is None:
+            out.append(a)
+        elif eq:
+            out.extend(rw.to(value))
+        elif rw.takes_value:
+            if i + 1 >= len(args):
+                raise click.BadParameter("needs a value", param_hint=name)
+            i += 1
+            out.extend(rw.to(args[i]))
+        elif i + 1 < len(args) and args[i + 1].lower() in rw.values:
+            i += 1
+            out.extend(rw.to(args[i]))
+        else:
+            out.extend(rw.to(None))
+        i += 1
+    return out
+
+
+class HabitCommand(click.Command):
+    """A command that also speaks other tools' spellings.
+
+    Aliases that keep the value as it is are plain extra option names (``--input-shape`` /
+    ``--input_shape``); :class:`Rewrite` entries in ``rewrites`` change the value first. An unknown
+    option gets the nearest of ours (dashes and underscores, case ignored) and, for a command that
+    drives ATC (``passthrough``), the way to hand it to ATC verbatim.
+    """
+
+    def __init__(self, *args, rewrites: dict[str, Rewrite] | None = None, passthrough: str | None = None,
+                 **kwargs):
+        super().__init__(*args, **kwargs)
+        self.rewrites = dict(rewrites or {})
+        self.passthrough = passthrough
+
+    def parse_args(self, ctx, args):
+        args = rewrite_args(list(args), self.rewrites)
+        try:
+            return super().parse_args(ctx, args)
+        except click.NoSuchOption as e:
+            raise click.UsageError(self._unknown(e.option_name), ctx) from None
+
+    def option_names(self) -> list[str]:
+        names = [n for p in self.params if isinstance(p, click.Option) for n in (*p.opts, *p.secondary_opts)]
+        return [n for n in names if n.startswith("--")] + list(self.rewrites)
+
+    def _unknown(self, option: str) -> str:
+        known = self.option_names()
+        key = _option_key(option.partition("=")[0])
+        snake = "_" in option
+        by_key: dict[str, str] = {}
+        for n in known:  # of two spellings of one option, offer the one in the user's style
+            k = _option_key(n)
+            if k not in by_key or ("_" in n) == snake != ("_" in by_key[k]):
+                by_key[k] = n
+        near = [by_key[k] for k in difflib.get_close_matches(key, list(by_key), n=3, cutoff=0.75)]
+        text = f"no such option: {option}"
+        if near:
+            text += f"; did you mean {' or '.join(near)}?"
+        elif self.passthrough and "_" in option and option.startswith("--"):
+            text += (f"; if it is an ATC option, pass it to ATC verbatim: "
+                     f"{self.passthrough}={option if '=' in option else option + '=VALUE'}")
+        return text
+
+
+def _option_key(name: str) -> str:
+    return name.lstrip("-").replace("_", "-").lower()

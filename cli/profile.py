@@ -23,6 +23,8 @@ _analysis_options = [
                  help="Exit 1 when the share is above the threshold, overall or in any one capture or device (for CI)."),
     click.option("--top", type=click.IntRange(1, 1000), default=10, show_default=True,
                  help="Rows in the terminal tables."),
+    click.option("--wide", is_flag=True, help="Print every op name whole (default: long names are shortened "
+                                              "in the middle, keeping their ends)."),
 ]
 
 
@@ -34,11 +36,12 @@ def command():
     Examples:
       npu-deploy profile analyze PROF_000001_20230628101435646_FKFLNPEPPRRCFCBA
       npu-deploy profile analyze rank0_ascend_pt --html report.html --fail-on-flag
+      npu-deploy profile analyze cluster_dir/ --cluster --html ranks.html   (one *_ascend_pt per rank)
       npu-deploy profile run model.onnx --input-shape x:1,3,224,224
     """
 
 
-def _finish(ctx: click.Context, report, json_path, html_path, fail_on_flag, top) -> None:
+def _finish(ctx: click.Context, report, json_path, html_path, fail_on_flag, top, wide=False) -> None:
     from npu_deploy.profiling.report import render_text, write_html
 
     for w in report.warnings:
@@ -47,7 +50,7 @@ def _finish(ctx: click.Context, report, json_path, html_path, fail_on_flag, top)
         report.to_json(json_path)
     if html_path:
         write_html(report, html_path)
-    click.echo(render_text(report, top=top))
+    click.echo(render_text(report, top=top, wide=wide))
     if json_path:
         click.echo(f"JSON report: {json_path}")
     if html_path:
@@ -59,8 +62,18 @@ def _finish(ctx: click.Context, report, json_path, html_path, fail_on_flag, top)
 @command.command("analyze", context_settings=_CTX)
 @click.argument("path", type=click.Path())
 @apply(_analysis_options)
+@click.option("--cluster", "cluster", is_flag=True, default=False,
+              help="The cluster view of a folder of per-rank profiles (*_ascend_pt / *_ascend_ms / PROF_* / "
+                   "device_N / rank* folders): one verdict per rank, parsed in parallel, the slowest rank, "
+                   "TransData that differs between ranks; a folder that is not a profile is skipped.")
+@click.option("--workers", type=click.IntRange(1, 512), default=None,
+              help="Cluster view (implies --cluster): ranks parsed in parallel (default: the CPU count).")
+@click.option("--ray-address", default=None, metavar="ADDR",
+              help="Cluster view (implies --cluster): parse the ranks as Ray tasks on this cluster (host:port, ray://host:port or "
+                   "auto; the folder must be at the same path on every node). Needs: pip install 'npu-deploy[ray]'.")
 @click.pass_context
-def analyze(ctx, path, threshold, include_transpose, json_path, html_path, fail_on_flag, top):
+def analyze(ctx, path, threshold, include_transpose, json_path, html_path, fail_on_flag, top, wide, cluster, workers,
+            ray_address):
     """Analyse what msprof / torch_npu / MindSpore wrote under PATH.
 
     PATH is a PROF_* folder, a *_ascend_pt / *_ascend_ms folder, a MindSpore 1.x profiler folder
@@ -80,8 +93,39 @@ def analyze(ctx, path, threshold, include_transpose, json_path, html_path, fail_
     from npu_deploy.profiling.analyze import analyze_profile
 
     refuse_overwriting([("--json", json_path), ("--html", html_path)], [("profile file", path)])
+    if cluster or workers is not None or ray_address is not None:
+        _analyze_cluster(ctx, path, threshold, include_transpose, json_path, html_path, fail_on_flag, top,
+                         workers, ray_address)
+        return
     report = analyze_profile(path, threshold=threshold, include_transpose=include_transpose)
-    _finish(ctx, report, json_path, html_path, fail_on_flag, top)
+    _finish(ctx, report, json_path, html_path, fail_on_flag, top, wide)
+
+
+def _analyze_cluster(ctx, path, threshold, include_transpose, json_path, html_path, fail_on_flag, top, workers,
+                     ray_address) -> None:
+    """``profile analyze CLUSTER_DIR``: one verdict per rank, then the cluster view."""
+    from npu_deploy.errors import ProfileError
+    from npu_deploy.profiling.cluster import analyze_cluster, render_cluster_text, write_cluster_html
+
+    rep = analyze_cluster(path, threshold=threshold, include_transpose=include_transpose, workers=workers,
+                          address=ray_address)
+    for r in rep.skipped():
+        click.echo(f"npu-deploy: warning: {printable(r.rank)} skipped: not a profile ({printable(r.error or '')})",
+                   err=True)
+    if not rep.analysed():
+        raise ProfileError(f"none of the {len(rep.ranks)} entries holds a profile", path=str(path),
+                           hint="give the folder holding one *_ascend_pt / PROF_* folder per rank")
+    if json_path:
+        rep.to_json(json_path)
+    if html_path:
+        write_cluster_html(rep, html_path)
+    click.echo(render_cluster_text(rep, top=top))
+    if json_path:
+        click.echo(f"JSON report: {json_path}")
+    if html_path:
+        click.echo(f"HTML report: {html_path}")
+    click.echo(printable(rep.verdict()))
+    ctx.exit(1 if (fail_on_flag and rep.flagged) else 0)
 
 
 @command.command("run", context_settings=_CTX)
@@ -99,7 +143,7 @@ def analyze(ctx, path, threshold, include_transpose, json_path, html_path, fail_
 @apply(_analysis_options)
 @click.pass_context
 def run(ctx, model, run_args, output_dir, input_shape, loops, use_msprof, timeout, threshold,
-        include_transpose, json_path, html_path, fail_on_flag, top):
+        include_transpose, json_path, html_path, fail_on_flag, top, wide):
     """Profile MODEL (.onnx, bundle or .om) and analyse the profile.
 
     With msprof on PATH, MODEL runs as `npu-deploy run MODEL` under msprof; arguments after `--` go to
@@ -119,4 +163,4 @@ def run(ctx, model, run_args, output_dir, input_shape, loops, use_msprof, timeou
     report = profile_model(model, output_dir, input_shapes=shapes, loops=loops, run_args=run_args,
                            threshold=threshold, include_transpose=include_transpose, use_msprof=use_msprof,
                            timeout=timeout)
-    _finish(ctx, report, json_path, html_path, fail_on_flag, top)
+    _finish(ctx, report, json_path, html_path, fail_on_flag, top, wide)

@@ -1,22 +1,27 @@
 """``npu-deploy run MODEL``: run a bundle (CPU emulator) or ``.om`` (device) and report latency.
 
-ais_bench spellings are accepted as aliases: ``--dymBatch`` (= ``--batch-size``), ``--dymDims``
-(= ``--input-shape``), ``--warmup_count`` (= ``--warmup``), ``--outputSize`` (= ``--output-size``).
+ais_bench spellings are accepted as aliases, so an ``ais_bench`` command line runs after ``npu-deploy run``:
+``--model`` (the MODEL argument), ``--dymBatch``/``--batchsize`` (= ``--batch-size``), ``--dymDims``/
+``--dymShape`` (= ``--input-shape``), ``--warmup_count`` (= ``--warmup``), ``--outputSize``
+(= ``--output-size``), ``--outfmt NPY|BIN|TXT``, ``--output_dirname``, ``--debug 1`` (= ``--describe``:
+print the model description; a bare ``--debug`` keeps npu-deploy's meaning, tracebacks on errors).
 """
 
 from __future__ import annotations
 
 import json
 import math
-import sys
 from pathlib import Path
 
 import click
 import numpy as np
 
 from npu_deploy._io import atomic_path, atomic_write, check_dest, load_npy, make_output_folder, safe_file_stem
+from npu_deploy._display import dims
 from npu_deploy._text import printable
-from npu_deploy.cli.options import parse_input_shapes, parse_int_list, refuse_overwriting
+from npu_deploy.cli.feedback import RunProgress, interactive
+from npu_deploy.cli.options import (HabitCommand, Rewrite, parse_input_shapes, parse_int_list, positional,
+                                    refuse_overwriting)
 from npu_deploy.errors import InputError
 
 # written beside the outputs when a tensor name is not its file's name: {file name: tensor name}
@@ -170,6 +175,21 @@ def _shape_or_none(meta, shapes, batch):
         return None
 
 
+def describe_lines(sess) -> list[str]:
+    """The model description ais_bench prints with ``--debug 1``: every input and output with its
+    dtype, shape (``?`` unknown), host and device format, size, and the gears."""
+    lines = []
+    for kind, metas in (("input", sess.get_inputs()), ("output", sess.get_outputs())):
+        for m in metas:
+            lines.append(f"  {kind} {m.name}: {np.dtype(m.dtype).name} {dims(m.shape)} format {m.format}, device "
+                         f"{m.device_format} {dims(m.device_shape) if m.device_shape else '?'}, "
+                         f"{m.nbytes} bytes")
+    gears = sess.gears()
+    if gears:
+        lines.append("  gears: " + "; ".join(",".join(f"{k}:{dims(v)}" for k, v in g.items()) for g in gears))
+    return lines
+
+
 def output_paths(out_dir: str, names: list[str], outfmt: str) -> list[Path]:
     """The file each output goes to: ``<safe name>.<outfmt>``, distinct even where names differ only
     in case or in characters a file name cannot hold (see :func:`npu_deploy._io.safe_file_stem`)."""
@@ -198,6 +218,9 @@ def save_outputs(out_dir: str, names: list[str], outs: list[np.ndarray], outfmt:
             with open(tmp, "wb") as f:
                 if outfmt == "npy":
                     np.save(f, arr, allow_pickle=False)
+                elif outfmt == "txt":  # ais_bench's TXT: the values as text, one row per last-axis line
+                    a = np.asarray(arr)
+                    np.savetxt(f, a.reshape(-1, a.shape[-1]) if a.ndim else a.reshape(1, 1), fmt="%.9g")
                 else:
                     f.write(np.ascontiguousarray(arr).tobytes())
         written.append(path)
@@ -210,7 +233,64 @@ def save_outputs(out_dir: str, names: list[str], outs: list[np.ndarray], outfmt:
     return written
 
 
-@click.command("run", context_settings={"help_option_names": ["-h", "--help"]})
+def _dump_emulator(sess, feeds: dict, dump_dir: str, model: str, device_id: int) -> None:
+    """``--dump`` on the emulator: one recorded run of ``feeds``, every executed op as a dump file in
+    the ACL folder layout (iteration 0; the timed runs that follow are not dumped)."""
+    import time
+
+    from npu_deploy.converters.bundle import read_bundle
+    from npu_deploy.converters.dump import dump_run_folder, onnx_output_indices, write_dump_folder
+
+    if sess.backend_name != "emulator":  # an .onnx converted on the fly for a device: acl.init came first
+        raise InputError(f"--dump: {model} was converted for the device on the fly, too late to switch "
+                         f"dumping on at acl.init", hint="convert it to an .om first, then run the .om with --dump")
+    with read_bundle(sess.path, verify=False) as b:  # the graph gives each output's index in its ONNX node
+        index = onnx_output_indices(b.graph)
+    _, ops = sess.backend.run_recorded(feeds)
+    now = time.time()
+    for second in range(3600):  # a run within the same second as the last one takes the next second's folder
+        folder = dump_run_folder(dump_dir, Path(model).stem, when=now + second, device_id=device_id)
+        if not folder.exists():
+            break
+    written = write_dump_folder(folder, ops, output_index=index)
+    # the feeds of the dumped run, where `debug compare` looks for them (its golden run needs them)
+    from npu_deploy.runtime.compare import save_inputs
+
+    save_inputs(folder / "inputs.npz", feeds)
+    click.echo(printable(f"dump: {len(written)} op dump files and their inputs (inputs.npz) in {folder}"))
+
+
+def _dump_on_acl(model: str, backend: str, dump_dir: str) -> Path | None:
+    """``--dump`` for an ``.om`` on the device: write ``acl.json`` and initialise ACL with it (stand-in
+    tested only); returns the acl.json. None when the model runs on the emulator."""
+    from npu_deploy.runtime.session import sniff_model
+
+    kind = sniff_model(model)
+    if kind == "onnx" and backend == "acl":
+        raise InputError(f"--dump with --backend acl needs an .om: {model} is an ONNX model",
+                         hint="convert it to an .om first (npu-deploy convert), then run the .om with --dump")
+    if backend == "emulator" or kind != "om":
+        return None
+    from npu_deploy.runtime.acl import enable_dump
+
+    return enable_dump(dump_dir, model)
+
+
+def _ais_debug(value: str | None) -> list[str]:
+    # ais_bench's --debug 1 prints the model description; bare --debug is npu-deploy's (tracebacks)
+    if value is None or value.strip().lower() in ("0", "false"):
+        return []
+    if value.strip().lower() in ("1", "true"):
+        return ["--describe"]
+    raise click.BadParameter(f"{value!r} is not 0 or 1 (ais_bench's --debug)", param_hint="--debug")
+
+
+# ais_bench spellings whose form differs from ours (the others are extra names of our options)
+REWRITES = {"--model": positional("--model"),
+            "--debug": Rewrite("--debug", _ais_debug, values=("0", "1", "true", "false"))}
+
+
+@click.command("run", cls=HabitCommand, rewrites=REWRITES, context_settings={"help_option_names": ["-h", "--help"]})
 @click.argument("model", type=click.Path(dir_okay=False))
 @click.option("--input", "inputs", multiple=True, metavar="NAME=FILE",
               help="An input file (.npy, or raw .bin); NAME= may be omitted (files then go to inputs in "
@@ -222,17 +302,20 @@ def save_outputs(out_dir: str, names: list[str], outs: list[np.ndarray], outfmt:
 @click.option("--loop", type=int, default=10, show_default=True, help="Measured runs.")
 @click.option("--warmup", "--warmup_count", "warmup", type=int, default=1, show_default=True,
               help="Unmeasured runs first (ais_bench: --warmup_count).")
-@click.option("--batch-size", "--dymBatch", "batch_size", type=int, default=None,
+@click.option("--batch-size", "--dymBatch", "--batchsize", "batch_size", type=int, default=None,
               help="Batch size to run (picks the batch gear; ais_bench: --dymBatch).")
-@click.option("--input-shape", "--dymDims", "input_shape", default=None, metavar="NAME:DIMS;...",
-              help="Concrete input shapes, e.g. 'x:1,3,640,640' (ais_bench: --dymDims).")
+@click.option("--input-shape", "--dymDims", "--dymShape", "input_shape", default=None, metavar="NAME:DIMS;...",
+              help="Concrete input shapes, e.g. 'x:1,3,640,640' (ais_bench: --dymDims, --dymShape).")
 @click.option("--output-size", "--outputSize", "output_size", default=None, metavar="BYTES,...",
               help="Output buffer sizes for dynamic-shape .om models (ais_bench: --outputSize); "
                    "the emulator sizes outputs itself.")
 @click.option("--output", "output_dir", type=click.Path(file_okay=False), default=None,
               help="Write the outputs of the last run here, one file per output.")
-@click.option("--outfmt", type=click.Choice(["npy", "bin"], case_sensitive=False), default="npy",
-              show_default=True, help="Output file format.")
+@click.option("--output_dirname", "output_dirname", default=None, metavar="NAME",
+              help="ais_bench: write the outputs into --output/NAME.")
+@click.option("--outfmt", type=click.Choice(["npy", "bin", "txt"], case_sensitive=False), default="npy",
+              show_default=True, help="Output file format (ais_bench: NPY, BIN, TXT).")
+@click.option("--describe", is_flag=True, help="Print the model description first (ais_bench: --debug 1).")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None,
               help="Write the measured numbers, model, backend, shapes and versions as JSON.")
 @click.option("--device", "device_id", type=click.IntRange(min=0), default=0, show_default=True, help="Device id (.om only).")
@@ -240,9 +323,26 @@ def save_outputs(out_dir: str, names: list[str], outs: list[np.ndarray], outfmt:
 @click.option("--profile", "profile_dir", type=click.Path(file_okay=False), default=None,
               help="Write an msprof-style profile folder here (estimated on the emulator).")
 @click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True, help="Seed for --pure-data random.")
+# -- batch over many NPUs on Ray (npu_deploy.distributed) --
+@click.option("--npus", type=int, default=None,
+              help="Batch mode: run every .npy/.npz sample of --input-dir on N NPUs (one Ray actor each), "
+                   "one output file per sample in --output; exit 1 when a sample failed (each is listed with its "
+                   "id). Needs: pip install 'npu-deploy[ray]'.")
+@click.option("--ray-address", default=None, metavar="ADDR",
+              help="Batch mode on a running Ray cluster (host:port, ray://host:port or auto); "
+                   "default: a local cluster declaring --npus NPUs.")
+# -- end of batch options --
+# -- operator dumps (npu_deploy.converters.dump) --
+@click.option("--dump", "dump_dir", type=click.Path(file_okay=False), default=None, metavar="DIR",
+              help="Dump every op's input and output tensors (device format) as ACL operator dump files "
+                   "under DIR/{time}/{device}/{model}/1/0/. Emulator: one extra recorded run of the same "
+                   "inputs before the timed runs; ACL: switched on through acl.json at acl.init "
+                   "(stand-in tested only).")
+# -- end of dump options --
 @click.pass_context
 def command(ctx, model, inputs, input_dir, pure_data, loop, warmup, batch_size, input_shape, output_size,
-            output_dir, outfmt, json_path, device_id, backend, profile_dir, seed):
+            output_dir, output_dirname, outfmt, describe, json_path, device_id, backend, profile_dir, seed, npus, ray_address,
+            dump_dir):
     """Run MODEL (an offline bundle or .om) and report latency and throughput.
 
     Prints latency min/mean/p50/p90/p95/p99 and throughput, and separately the host-to-device,
@@ -253,6 +353,15 @@ def command(ctx, model, inputs, input_dir, pure_data, loop, warmup, batch_size, 
     from npu_deploy.runtime.bench import benchmark
     from npu_deploy.runtime.session import InferenceSession
 
+    if dump_dir is not None and (npus is not None or ray_address is not None):
+        raise InputError("--dump records one run of one session; it does not go with --npus/--ray-address",
+                         hint="dump one sample without --npus")
+    if npus is not None or ray_address is not None:
+        if inputs:
+            raise InputError("--input is for one run; with --npus / --ray-address the samples come from "
+                             "--input-dir", hint="put one <id>.npy (or .npz) per sample in a folder")
+        _run_batch(ctx, model, input_dir, output_dir, npus, ray_address, backend, json_path)
+        return
     if loop < 1:
         raise InputError(f"--loop {loop}: must be at least 1")
     if warmup < 0:
@@ -266,6 +375,13 @@ def command(ctx, model, inputs, input_dir, pure_data, loop, warmup, batch_size, 
     if json_path is not None:  # before the runs, not after minutes of them
         check_dest(Path(json_path))
     outfmt = outfmt.lower()
+    if output_dirname is not None:
+        if output_dir is None:
+            raise InputError("--output_dirname names a folder inside --output", hint="give --output DIR too")
+        if not output_dirname.strip() or Path(output_dirname).name != output_dirname or output_dirname in (".", ".."):
+            raise InputError(f"--output_dirname {output_dirname!r} must be one folder name, not a path")
+        output_dir = str(Path(output_dir) / output_dirname)
+    dump_acl = _dump_on_acl(model, backend, dump_dir) if dump_dir is not None else None
     with InferenceSession(model, device_id=device_id, backend=backend, profile=profile_dir is not None,
                           profile_dir=profile_dir) as sess:
         metas = sess.get_inputs()
@@ -277,18 +393,21 @@ def command(ctx, model, inputs, input_dir, pure_data, loop, warmup, batch_size, 
             refuse_overwriting([("--output file", p) for p in planned] + [("--json", json_path)],
                                [("model", model), *[("input file", p) for p in sources]])
         click.echo(f"model: {model}  backend: {sess.backend_name}")
+        if sess.conversion:
+            click.echo(f"  converted in memory: {sess.conversion}")
+        if describe:
+            for line in describe_lines(sess):
+                click.echo(printable(line))
         for n, a in feeds.items():
             click.echo(printable(f"  input  {n}: {a.dtype.name} {tuple(a.shape)}"))
         if sizes:
             click.echo("  note: --output-size is not needed here and is ignored: outputs are sized from the "
                        "model (static or gear shapes)")
-        show_bar = loop >= 50 and sys.stderr.isatty()  # a bar in a log file is only noise
-        if show_bar:
-            with click.progressbar(length=loop, label="running", file=sys.stderr) as bar:
-                res, outs = benchmark(sess, feeds, loop=loop, warmup=warmup, model=str(model),
-                                      progress=lambda i: bar.update(1))
-        else:
-            res, outs = benchmark(sess, feeds, loop=loop, warmup=warmup, model=str(model))
+        if dump_dir is not None and dump_acl is None:
+            _dump_emulator(sess, feeds, dump_dir, model, device_id)
+        # a bar once the runs have lasted ~2 s, on a terminal only (in a log file it is only noise)
+        with RunProgress(loop, interactive()) as bar:
+            res, outs = benchmark(sess, feeds, loop=loop, warmup=warmup, model=str(model), progress=bar)
         for n, o in zip(names, outs):
             click.echo(printable(f"  output {n}: {o.dtype.name} {tuple(o.shape)}"))
         if output_dir is not None:
@@ -300,9 +419,38 @@ def command(ctx, model, inputs, input_dir, pure_data, loop, warmup, batch_size, 
     if profile_dir is not None and sess.profile_path is not None:
         est = " (estimated durations)" if sess.backend_name == "emulator" else ""
         click.echo(f"profile{est}: {sess.profile_path}")
+    if dump_acl is not None:
+        click.echo(printable(f"dump (ACL, every run): under {dump_acl.parent} "
+                             f"(acl.json {dump_acl} given to acl.init)"))
     if json_path is not None:
         res.to_json(json_path)
         click.echo(f"json written: {json_path}")
     click.echo(res.verdict())
     ctx.exit(0)
 
+
+def _run_batch(ctx, model, input_dir, output_dir, npus, ray_address, backend, json_path) -> None:
+    """``run MODEL --input-dir DIR --output DIR --npus N [--ray-address ADDR]``: see npu_deploy.distributed."""
+    from npu_deploy.runtime.distributed import run_batch
+
+    if input_dir is None:
+        raise InputError("--npus / --ray-address run a batch: give the samples with --input-dir DIR",
+                         hint="one sample per file: <id>.npy, or <id>.npz with one member per input")
+    refuse_overwriting([("--json", json_path)], [("model", model)])
+    if json_path is not None:
+        check_dest(Path(json_path))
+    result = run_batch(model, input_dir, npus=npus, address=ray_address, output=output_dir, backend=backend)
+    for w in result.warnings:
+        click.echo(f"npu-deploy: warning: {printable(w)}", err=True)
+    for f in result.failures[:20]:
+        click.echo(printable(f"  failed {f.id}: {f.error}"), err=True)
+    if len(result.failures) > 20:
+        click.echo(f"  ... and {len(result.failures) - 20} more failed samples (all in --json)", err=True)
+    click.echo(result.table())
+    if output_dir is not None:
+        click.echo(printable(f"outputs written: {result.ok} files in {output_dir}"))
+    if json_path is not None:
+        result.to_json(json_path)
+        click.echo(f"json written: {json_path}")
+    click.echo(result.verdict())
+    ctx.exit(0 if result else 1)

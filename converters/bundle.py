@@ -626,6 +626,9 @@ MANIFEST_FIELDS: dict[str, _Check] = {
     "plan": _opt(_obj({"verdict": _opt(_str), "passes": _opt(_list(_anything))})),
     "support": _opt(_obj({"verdict": _opt(_str), "counts": _opt(_map(_int(0)))})),
     "source_model": _anything,
+    "aipp": _opt(_obj({"fields": _map(_anything), "source": _opt(_str), "input": _opt(_str),
+                       "raw_layout": _opt(_str), "result_size": _opt(_list(_int(1, 1 << 16)))},
+                      required=("fields",))),   # converters/aipp.py: AippConfig.to_manifest()
 }
 
 

@@ -32,9 +32,11 @@ lowered graph reads, and the plan's first TransData converts on the device (NHWC
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import os
+import tempfile
 import time
 from pathlib import Path
 from typing import Any, Callable, ClassVar, Iterator, Mapping, Sequence
@@ -116,7 +118,9 @@ def convert(model: str | os.PathLike, output: str | os.PathLike | None = None, *
             report: str | os.PathLike | None = None,
             progress: Callable[[str, float | None], None] | None = None,
             atc: str | os.PathLike | None = None,
-            insert_op_conf: str | os.PathLike | None = None) -> ConvertResult:
+            insert_op_conf: str | os.PathLike | None = None, out_nodes: str | None = None,
+            output_type: str | None = None, atc_flags: Sequence[str] = (),
+            atc_log: str | None = None) -> ConvertResult:
     """Convert an ONNX model for an Ascend SoC; return a :class:`ConvertResult`.
 
     ``output`` defaults to the model path with ``.bundle`` (built-in) or ``.om`` (ATC); for the bundle
@@ -125,11 +129,18 @@ def convert(model: str | os.PathLike, output: str | os.PathLike | None = None, *
     ``precision_mode`` defaults to ATC's ``force_fp16``. ``keep_dtype``: node names or ``OpType::X``
     kept in float32. ``atc_args``: extra ``--name=value`` passed to ATC verbatim. ``report``: write the
     result (with the plan report) as JSON. ``progress(stage, fraction)`` is called as work advances.
+    ``insert_op_conf``: an AIPP config; ATC gets the file, the built-in lowering validates it and
+    prepends the preprocessing (:func:`npu_deploy.converters.aipp.prepend`: the input becomes the raw
+    uint8 NHWC image) and records it in the manifest's ``aipp`` key. ``out_nodes`` / ``output_type``:
+    ATC's ``--out_nodes`` / ``--output_type``, honoured by both backends. ``atc_flags``: ATC options
+    given in ATC's spelling with no built-in counterpart (passed to ATC; the built-in lowering notes
+    them). ``atc_log``: ATC's ``--log`` level (default ``error``).
     """
     options = ConvertOptions(backend=backend, soc=soc, input_shapes=input_shapes, input_format=input_format,
                              dynamic_batch=dynamic_batch, dynamic_dims=dynamic_dims, precision_mode=precision_mode,
                              keep_dtype=tuple(keep_dtype or ()), enable_small_channel=enable_small_channel,
-                             atc_args=tuple(atc_args or ()), timeout=timeout,
+                             atc_args=tuple(atc_args or ()), atc_flags=tuple(atc_flags or ()),
+                             out_nodes=out_nodes, output_type=output_type, atc_log=atc_log, timeout=timeout,
                              insert_op_conf=None if insert_op_conf is None else str(insert_op_conf),
                              atc=None if atc is None else str(atc))
     with _io.outputs():  # a failure after the bundle/.om is written (e.g. the report) removes it again
@@ -162,8 +173,9 @@ def _convert(src: Path, output, o: ConvertOptions, *, report, progress) -> Conve
         result = ConvertResult(str(src), om_path, "atc", reason, o.soc, o.precision, dynamic, support_d, None,
                                atc_d, time.perf_counter() - t0, notes)
     else:
-        ctx.output = out
-        pipeline.run_steps([pipeline.STEPS["plan from ONNX"], pipeline.STEPS["bundle from plan"]], ctx, say)
+        with _aipp_prepended(ctx, src, o, say) as ctx:
+            ctx.output = out
+            pipeline.run_steps([pipeline.STEPS["plan from ONNX"], pipeline.STEPS["bundle from plan"]], ctx, say)
         p = ctx.plan
         result = ConvertResult(str(src), str(out), "builtin", reason, o.soc, o.precision, p.dynamic, support_d,
                                p.report.to_dict(), None, time.perf_counter() - t0, notes)
@@ -172,14 +184,50 @@ def _convert(src: Path, output, o: ConvertOptions, *, report, progress) -> Conve
     return result
 
 
+@contextlib.contextmanager
+def _aipp_prepended(ctx, src: Path, o: ConvertOptions, say):
+    """The built-in path's ``--insert-op-conf``: the AIPP preprocessing subgraph prepended to the loaded
+    model (the AIPP input becomes the raw uint8 NHWC image), lowered from a private temporary file."""
+    if o.insert_op_conf is None:
+        yield ctx
+        return
+    from npu_deploy.converters import aipp
+    from npu_deploy.errors import InputError
+
+    configs = aipp.parse_config(o.insert_op_conf)
+    if ctx.loaded.gears:
+        raise InputError("--insert-op-conf with dynamic gears is not implemented by the built-in lowering",
+                         hint="fix the input shapes with --input-shape")
+    model, records = ctx.loaded.model, []
+    for cfg in configs:
+        model = aipp.prepend(model, cfg)
+        rec = cfg.to_manifest()
+        inits = {t.name for t in model.graph.initializer}
+        real = [i.name for i in model.graph.input if i.name not in inits]
+        rec["input"] = cfg.related_input_name or real[cfg.related_input_rank]
+        records.append(rec)
+    with tempfile.TemporaryDirectory(prefix="npu-deploy-aipp-") as tmp:
+        path = Path(tmp) / src.name
+        onnx.save(model, str(path))
+        o2 = dataclasses.replace(o, input_shapes=None, dynamic_batch=None, dynamic_dims=None, out_nodes=None,
+                                 output_type=None)  # all applied to the model saved here already
+        actx = pipeline.lower(path, None, o2, say=say, until="op support")
+        actx.loaded.aipp = records[0] if len(records) == 1 else {"blocks": records, **records[0]}
+        actx.loaded.aipp_source = src
+        yield actx
+        ctx.plan = actx.plan
+
+
 def _run_atc(loaded, out: Path, o: ConvertOptions, *, atc_exe, say) -> tuple[dict, str]:
     from npu_deploy.converters import atc as atcmod
 
     shapes = {i.name: tuple(i.shape) for i in loaded.inputs}
-    extra = list(o.atc_args)
+    extra = list(o.atc_args) + list(o.atc_flags)
+    extra += [f"--{k}={v}" for k, v in (("out_nodes", o.out_nodes), ("output_type", o.output_type)) if v]
     if o.enable_small_channel and not any(a.startswith("--enable_small_channel") for a in extra):
         extra.append("--enable_small_channel=1")
-    kwargs: dict[str, Any] = {"input_shapes": shapes, "precision_mode": o.precision_mode, "extra_args": extra}
+    kwargs: dict[str, Any] = {"input_shapes": shapes, "precision_mode": o.precision_mode, "extra_args": extra,
+                              "log": o.atc_log or "error"}
     if o.input_format is not None:
         kwargs["input_format"] = o.input_format
     if o.keep_dtype:
@@ -316,7 +364,11 @@ def _sha256(path: Path) -> str:
 
 def build_manifest(loaded, p, *, input_format: str | None = None, support=None) -> dict:
     """The bundle manifest: the plan's own record (:meth:`Plan.to_manifest`) plus where it came from."""
-    source = {"name": loaded.path.name, "path": str(loaded.path), "sha256": _sha256(loaded.path),
+    origin = getattr(loaded, "aipp_source", None) or loaded.path  # AIPP: the user's model, not the prepended copy
+    source = {"name": origin.name, "path": str(origin), "sha256": _sha256(origin),
               "opset": loaded.opset, "ir_version": loaded.model.ir_version,
               "opsets": {o.domain or "ai.onnx": int(o.version) for o in loaded.model.opset_import}}
-    return p.to_manifest(support=support, source_model=source)
+    manifest = p.to_manifest(support=support, source_model=source)
+    if getattr(loaded, "aipp", None):
+        manifest["aipp"] = loaded.aipp
+    return manifest

@@ -14,7 +14,7 @@ containers are reported as such), else an ONNX ``ModelProto``. The file name nev
 JSON schema ``npu-deploy/inspect``, version 1 (``InspectReport.to_json``). Top level:
 
 * ``schema``, ``schema_version``, ``ok`` (no integrity problem), ``verdict`` (one line)
-* ``path``, ``kind`` (``"onnx"`` | ``"bundle"`` | ``"om"``), ``file_size``
+* ``path``, ``kind`` (``"onnx"`` | ``"bundle"`` | ``"om"`` | ``"dump"``), ``file_size``
 * ``inputs`` / ``outputs``: lists of ``{name, dtype, shape, format, ...}``; ``shape`` uses -1 for a
   dynamic dimension (``null`` when the rank is unknown); kind-specific keys: ONNX ``dim_names``
   (``format`` is what ATC assumes for ONNX by default: NCHW for 4-D, NCDHW for 5-D, else ND);
@@ -46,6 +46,11 @@ JSON schema ``npu-deploy/inspect``, version 1 (``InspectReport.to_json``). Top l
   ``atc_version``, ``atc_cmdline``), ``soc_version``, ``atc_version``, ``dynamic`` (``{mode, gears}``),
   ``engines`` (engine → op count), ``submodels``, ``ops`` (with ``ops`` or ``layers``: every op with
   its engine and edge formats)
+* ``dump`` (or null): an ACL operator dump file (``converters/dump.py``): ``op_type``, ``op_name``,
+  ``task_id``, ``stream_id``, ``timestamp``, ``version``, ``dump_time``; its tensors are the
+  ``inputs`` (named ``input:N``) and ``outputs`` (``output:N``), each with ``dtype``, ``format`` (device),
+  ``shape`` (device/storage), ``original_shape``, ``sub_format``, ``bytes`` and, for outputs,
+  ``original_name`` / ``original_index`` / ``original_format`` (OriginalOp)
 """
 
 from __future__ import annotations
@@ -60,9 +65,10 @@ from typing import Any, ClassVar, Mapping, Sequence
 from npu_deploy._text import printable
 from npu_deploy._thresholds import FORMATTRANS_THRESHOLD_PCT
 from npu_deploy._result import Result
+from npu_deploy.converters import dump as dumpfile
 from npu_deploy.errors import BundleError, InputError, ModelError
 
-KINDS = ("onnx", "bundle", "om")
+KINDS = ("onnx", "bundle", "om", "dump")
 
 
 @dataclasses.dataclass
@@ -88,6 +94,7 @@ class InspectReport(Result):
     onnx: dict | None = None
     bundle: dict | None = None
     om: dict | None = None
+    dump: dict | None = None
 
     def __bool__(self) -> bool:
         return not self.problems
@@ -114,10 +121,16 @@ class InspectReport(Result):
                 if soc.get("formattrans_share") is not None:
                     text += f" (est. FormatTrans {100 * soc['formattrans_share']:.1f} %)"
             return f"{text}; {state}"
+        if self.kind == "dump":
+            d = self.dump or {}
+            return f"operator dump of {d.get('op_type') or '?'} {d.get('op_name')}: {io}; reads cleanly"
         if self.kind == "bundle":
             b = self.bundle or {}
+            folded = (b.get("graph") or {}).get("constant_folded") or 0
+            # the count convert prints: the nodes that run (constant-folded ones said apart)
+            nodes = f"{self.op_count - folded} nodes" + (f" ({folded} constant-folded)" if folded else "")
             return (f"offline bundle for {b.get('soc') or '?'} ({b.get('precision_mode') or '?'}): {io}, "
-                    f"{self.op_count} nodes, {trans} TransData planned; {state}")
+                    f"{nodes}, {trans} TransData planned; {state}")
         o = self.om or {}
         variant = o.get("variant")
         if variant in ("PICO", "ZIP"):
@@ -138,8 +151,9 @@ class InspectReport(Result):
 # detection
 
 def detect_kind(path: str | os.PathLike) -> str:
-    """``"bundle"``, ``"om"`` or ``"onnx"`` from the file's first bytes (``InputError`` when the file
-    cannot be read).
+    """``"bundle"``, ``"om"``, ``"dump"`` or ``"onnx"`` from the file's first bytes (``InputError`` when
+    the file cannot be read). An ACL operator dump is also told by its name (``Type.name.task.stream.
+    timestamp`` or ``*.dump``), so that a damaged one is reported as a dump.
 
     Anything starting with ``IMOD``, ``PICO`` or a ZIP header is an ``.om`` kind (foreign containers are
     reported by the ``.om`` reader as such); everything else is tried as ONNX, whose parser then decides.
@@ -159,6 +173,8 @@ def detect_kind(path: str | os.PathLike) -> str:
         return "bundle"
     if head[:4] in (b"IMOD", b"PICO", b"PK\x03\x04"):
         return "om"
+    if dumpfile.looks_like_dump(p):
+        return "dump"
     return "onnx"
 
 
@@ -189,6 +205,8 @@ def inspect(path: str | os.PathLike, *, soc: str | None = None, ops: bool = Fals
                          "(its SoC is recorded in the file)", hint="drop --soc")
     if kind == "om":
         return _inspect_om(Path(path), ops=ops, layers=layers)
+    if kind == "dump":
+        return _inspect_dump(Path(path))
     if kind == "bundle":
         return _inspect_bundle(Path(path), ops=ops, layers=layers, verify=verify)
     return _inspect_onnx(Path(path), soc=soc, ops=ops, layers=layers, input_shapes=input_shapes,
@@ -545,7 +563,7 @@ def _inspect_bundle(path: Path, *, ops: bool, layers: bool, verify: bool) -> Ins
         "transdata_naive_count": naive,
         "formattrans_share": float(share) if share is not None and math.isfinite(share) else None,
         "weights": {"count": len(weights), "bytes": sum(w.nbytes for w in weights)},
-        "graph": {"nodes": len(g.node),
+        "graph": {"nodes": len(g.node), "constant_folded": _folded_count(g, m),
                   "opset": next((o.version for o in graph.opset_import if o.domain in ("", "ai.onnx")), None)},
         "integrity": checks,
     }
@@ -613,6 +631,25 @@ def _inspect_om(path: Path, *, ops: bool, layers: bool) -> InspectReport:
     return InspectReport(path=str(path), kind="om", file_size=om.file_size, inputs=inputs, outputs=outputs,
                          op_count=sum(op_types.values()), op_types=op_types, layout_ops=layout_ops,
                          problems=[], notes=list(om.notes), om=info)
+
+
+def _dump_tensor(name: str, t: dumpfile.DumpTensor, output: bool) -> dict:
+    e = {"name": name, "dtype": t.dtype.name, "format": t.format, "shape": list(t.shape),
+         "original_shape": list(t.original_shape), "sub_format": t.sub_format, "bytes": int(t.data.nbytes)}
+    if output:
+        e.update(original_name=t.original_name, original_index=t.original_index,
+                 original_format=t.original_format)
+    return e
+
+
+def _inspect_dump(path: Path) -> InspectReport:
+    d = dumpfile.read_dump(path)
+    info = {"op_type": d.op_type, "op_name": d.op_name, "task_id": d.task_id, "stream_id": d.stream_id,
+            "timestamp": d.timestamp, "version": d.version, "dump_time": d.dump_time}
+    return InspectReport(path=str(path), kind="dump", file_size=path.stat().st_size,
+                         inputs=[_dump_tensor(f"input:{i}", t, False) for i, t in enumerate(d.inputs)],
+                         outputs=[_dump_tensor(f"output:{i}", t, True) for i, t in enumerate(d.outputs)],
+                         op_count=1, op_types={d.op_type or "?": 1}, dump=info)
 
 
 # -----------------------------------------------------------------------------------------------------
@@ -720,6 +757,11 @@ def render_text(r: InspectReport, *, ops: bool = False, layers: bool = False, to
                                            for k, v in (b["memory"] or {}).items())),
                       ("TransData naive", b["transdata_naive_count"]),
                       ("FormatTrans est.", _share_text(b["formattrans_share"]))])
+    elif r.kind == "dump" and r.dump:
+        d = r.dump
+        lines += _kv([("op", f"{d['op_type'] or '?'} {d['op_name']}"), ("task", d["task_id"]),
+                      ("stream", d["stream_id"]), ("timestamp", d["timestamp"]), ("version", d["version"]),
+                      ("dump time", d["dump_time"])])
     elif r.kind == "om" and r.om:
         o = r.om
         h = o["header"]
@@ -758,12 +800,18 @@ def render_text(r: InspectReport, *, ops: bool = False, layers: bool = False, to
                 row += [str(t.get("device_format")), _shape_text(t.get("device_shape")), _bytes_text(t.get("nbytes"))]
             elif r.kind == "om":
                 row += [_bytes_text(t.get("size"))]
+            elif r.kind == "dump":
+                orig = t.get("original_name")
+                row += [_shape_text(t.get("original_shape")), _bytes_text(t.get("bytes")),
+                        "" if orig is None else f"{orig}:{t.get('original_index')}"]
             rows.append(row)
         head = ["name", "dtype", "shape", "format"]
         head += ["device format", "device shape", "bytes"] if r.kind == "bundle" else \
             (["device bytes"] if r.kind == "om" else [])
+        if r.kind == "dump":
+            head = ["name", "dtype", "device shape", "format", "original shape", "bytes", "original tensor"]
         lines += _table(rows, head)
-    if r.op_types:
+    if r.op_types and r.kind != "dump":
         shown = list(r.op_types.items()) if ops else list(r.op_types.items())[:top]
         lines.append(f"op types ({r.op_count} {'ops' if r.kind == 'om' else 'nodes'}, {len(r.op_types)} types):")
         lines += _table([[k, str(v)] for k, v in shown], ["type", "count"])
@@ -820,6 +868,14 @@ def render_text(r: InspectReport, *, ops: bool = False, layers: bool = False, to
         lines.append(f"note: {n}")
     lines.append(r.verdict())
     return "\n".join(printable(line) for line in lines)
+
+
+def _folded_count(g, manifest: Mapping) -> int:
+    """Nodes of the bundle graph the plan folded at compile time (as ``convert`` counts them)."""
+    nf = manifest.get("node_formats")
+    if not isinstance(nf, Mapping):
+        return 0
+    return sum(1 for n in g.node if isinstance(nf.get(n.name), Mapping) and nf[n.name].get("folded") is True)
 
 
 __all__ = ["InspectReport", "inspect", "detect_kind", "render_text", "KINDS"]

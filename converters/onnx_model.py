@@ -191,9 +191,12 @@ def _parse_dynamic_dims(dynamic_dims) -> list[tuple[int, ...]]:
 
 def load_model(path: str | os.PathLike, *, input_shapes: Mapping[str, Sequence[int]] | None = None,
                dynamic_batch: Sequence[int] | None = None, dynamic_dims=None,
-               check: bool = True) -> LoadedModel:
+               check: bool = True, out_nodes: str | None = None,
+               output_type: str | None = None) -> LoadedModel:
     """Load, check and shape an ONNX model (see the module docstring). Raises ``ModelError`` /
-    ``InputError`` (exit 2) with one line naming the file, tensor or input and the flag to use."""
+    ``InputError`` (exit 2) with one line naming the file, tensor or input and the flag to use.
+    ``out_nodes`` / ``output_type``: ATC's ``--out_nodes`` / ``--output_type``, applied to the graph
+    right after reading it (:mod:`npu_deploy.converters.output_edit`)."""
     p = Path(path)
     if not p.exists():
         raise ModelError(f"{p}: no such file", hint="check the model path")
@@ -210,6 +213,10 @@ def load_model(path: str | os.PathLike, *, input_shapes: Mapping[str, Sequence[i
     _check_external(model, p)
     inlined = _inline_small_external(model, p)
     _check_structure(model.graph, p)
+    if out_nodes or output_type:  # ATC's --out_nodes / --output_type: the same graph for both backends
+        from npu_deploy.converters.output_edit import edit_outputs
+
+        model = edit_outputs(model, out_nodes=out_nodes, output_type=output_type)
     _check_io_types(model.graph, p)
     warnings: list[str] = []
     if check:

@@ -44,14 +44,15 @@ class BackendCapabilities:
 
 CAPABILITIES: dict[str, BackendCapabilities] = {
     "builtin": BackendCapabilities("builtin", planner.PRECISION_MODES, tuple(planner.INPUT_FORMAT_RANKS),
-                                   insert_op_conf=False, ignores=("atc_args", "timeout", "atc")),
+                                   insert_op_conf=True, ignores=("atc_args", "timeout", "atc", "atc_log")),
     "atc": BackendCapabilities("atc", atcmod.PRECISION_MODES, atcmod.INPUT_FORMATS, insert_op_conf=True),
 }
 ALL_PRECISION_MODES: tuple[str, ...] = tuple(dict.fromkeys(m for c in CAPABILITIES.values()
                                                            for m in c.precision_modes))
 ALL_INPUT_FORMATS: tuple[str, ...] = tuple(dict.fromkeys(f for c in CAPABILITIES.values() for f in c.input_formats))
 
-_CLI = {"atc_args": "--atc-arg", "timeout": "--timeout", "atc": "--atc", "insert_op_conf": "--insert-op-conf"}
+_CLI = {"atc_args": "--atc-arg", "timeout": "--timeout", "atc": "--atc", "insert_op_conf": "--insert-op-conf",
+        "atc_log": "--log"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,6 +70,10 @@ class ConvertOptions:
     keep_dtype: tuple[str, ...] = ()
     enable_small_channel: bool = False
     atc_args: tuple[str, ...] = ()
+    atc_flags: tuple[str, ...] = ()   # ATC options given by their ATC spelling, for ATC as they are
+    out_nodes: str | None = None      # ATC's --out_nodes: cut the graph there (both backends)
+    output_type: str | None = None    # ATC's --output_type: per-output dtypes (both backends)
+    atc_log: str | None = None        # ATC's --log level
     timeout: float | None = None
     insert_op_conf: str | None = None
     atc: str | None = None
@@ -79,6 +84,7 @@ class ConvertOptions:
         object.__setattr__(self, "soc", self.soc or DEFAULT_SOC)
         object.__setattr__(self, "keep_dtype", tuple(self.keep_dtype or ()))
         object.__setattr__(self, "atc_args", tuple(self.atc_args or ()))
+        object.__setattr__(self, "atc_flags", tuple(self.atc_flags or ()))
         if self.backend not in BACKENDS:
             raise InputError(f"unknown backend {self.backend!r}", hint=f"use one of: {', '.join(BACKENDS)}")
         if self.precision_mode is not None and self.precision_mode not in ALL_PRECISION_MODES:
@@ -118,8 +124,29 @@ class ConvertOptions:
         ignored = [k for k in caps.ignores if getattr(self, k)]
         if self.insert_op_conf and not caps.insert_op_conf:
             ignored.append("insert_op_conf")
-        if not ignored:
-            return []
-        names = ", ".join(_CLI[k] for k in ignored)
-        return [f"{names} only apply to the ATC backend; the built-in lowering ran and ignored "
-                f"{'it' if len(ignored) == 1 else 'them'}"]
+        notes = []
+        if ignored:
+            names = ", ".join(_CLI[k] for k in ignored)
+            one = len(ignored) == 1
+            notes.append(f"{names} only appl{'ies' if one else 'y'} to the ATC backend; the built-in lowering "
+                         f"ran and ignored {'it' if one else 'them'}")
+        if self.atc_flags and "atc_args" in caps.ignores:
+            named = ", ".join(_atc_flag_note(a) for a in self.atc_flags)
+            notes.append(f"ATC options the built-in lowering has no counterpart for, ignored: {named}")
+        return notes
+
+
+# ATC flags the built-in lowering has no counterpart for (passed to ATC verbatim): what each one does
+ATC_ONLY_FLAGS: dict[str, str] = {
+    "--log": "ATC's log level",
+    "--op_select_implmode": "ATC's kernel implementation choice",
+    "--optypelist_for_implmode": "ATC's kernel implementation choice",
+    "--fusion_switch_file": "ATC's fusion passes",
+    "--buffer_optimize": "ATC's buffer optimisation",
+}
+
+
+def _atc_flag_note(arg: str) -> str:
+    name = str(arg).partition("=")[0]
+    what = ATC_ONLY_FLAGS.get(name)
+    return f"{name} ({what})" if what else name

@@ -39,6 +39,7 @@ class Lowering:
     source: Path
     output: Path | None = None
     gate: bool = True                 # enforce ATC's op-support rules (the harness measures without)
+    say: Callable[[str, float | None], None] | None = None  # progress (stage, fraction)
     loaded: Any = None
     support: Any = None
     plan: Any = None
@@ -78,7 +79,7 @@ def _load(ctx: Lowering) -> None:
 
     o = ctx.options
     ctx.loaded = load_model(ctx.source, input_shapes=o.input_shapes, dynamic_batch=o.dynamic_batch,
-                            dynamic_dims=o.dynamic_dims)
+                            dynamic_dims=o.dynamic_dims, out_nodes=o.out_nodes, output_type=o.output_type)
 
 
 def _check_loaded(ctx: Lowering) -> None:
@@ -118,7 +119,7 @@ def _write(ctx: Lowering) -> None:
     from npu_deploy.converters.convert import write_plan_bundle
 
     out = ctx.output or ctx.source.with_suffix(".bundle")
-    write_plan_bundle(out, ctx.loaded, ctx.plan, support=ctx.support)
+    write_plan_bundle(out, ctx.loaded, ctx.plan, support=ctx.support, progress=ctx.say)
     ctx.bundle = Path(out)
 
 
@@ -140,7 +141,7 @@ STEPS: dict[str, Step] = {s.name: s for s in (
 def lower(source: str | Path, output: str | Path | None, options: ConvertOptions, *, gate: bool = True,
           say: Callable[[str, float | None], None] | None = None, until: str | None = None) -> Lowering:
     """Lower ``source`` with the built-in backend (every step, or up to and including ``until``)."""
-    ctx = Lowering(options, Path(source), Path(output) if output is not None else None, gate)
+    ctx = Lowering(options, Path(source), Path(output) if output is not None else None, gate, say)
     names = list(STEPS)
     if until is not None:
         names = names[: names.index(until) + 1]
@@ -154,13 +155,6 @@ def check_plan_record(plan: Any, graph, constants: set[str]) -> None:
     time and exempt; nodes the plan folded, or has no record for, read what they are given."""
     nf = plan.node_formats
     writes: dict[str, str] = {t.name: t.device_format for t in plan.inputs}
-    for n in graph.node:
-        rec = nf.get(n.name)
-        if rec is None or rec.folded:
-            continue
-        for k, o in enumerate(n.output):
-            if o and k < len(rec.output_formats):
-                writes[o] = rec.output_formats[k]
     edges: dict[tuple[str, str], Any] = {}
     for td in plan.transdata:
         for c in td.consumers:
@@ -179,12 +173,15 @@ def check_plan_record(plan: Any, graph, constants: set[str]) -> None:
             raise InternalError(f"plan: {reader} reads {t} in {want} but it is stored in {have}, and no "
                                 f"TransData converts it")
 
-    for n in graph.node:
+    for n in graph.node:  # topological order: every tensor is written before it is read
         rec = nf.get(n.name)
         if rec is None or rec.folded:
             continue
         for j, t in enumerate(n.input):
             if t and j < len(rec.input_formats):
                 agree(t, n.name, rec.input_formats[j])
+        for k, o in enumerate(n.output):
+            if o and k < len(rec.output_formats):
+                writes[o] = rec.output_formats[k]
     for t in plan.outputs:
         agree(t.name, "<graph output>", t.device_format)

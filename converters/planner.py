@@ -126,7 +126,8 @@ class FormatRule:
     blocked format: NC1HWC0 along C for any sizes, FRACTAL_NZ unless it joins a blocked axis with
     unaligned sizes; constant inputs packed at compile time), ``"follow"`` (format-
     agnostic: takes its producer's format where broadcasting allows), ``"reduce"`` (ND, or its
-    producer's blocked format when the reduced axes leave the blocked ones whole), ``"lastaxis"`` (ND, or
+    producer's blocked format when the reduced axes leave the blocked ones whole), ``"slice"`` (the same
+    rule for the axes a Slice cuts), ``"lastaxis"`` (ND, or
     FRACTAL_NZ when it normalises over the last axis of an NZ input), ``"view"`` (ND, or the input's
     blocked format when the blocked axes are untouched or the view is half of an attention head
     split/merge pair, :func:`head_pair`), ``"nd"`` (ND only).
@@ -177,6 +178,8 @@ FORMAT_RULES: dict[str, FormatRule] = {
                                         "blocked axis with sizes not multiples of the block); constant "
                                         "inputs are packed at compile time"),
     "Dropout": FormatRule("view", note="Dropout (inference) keeps any format"),
+    "Slice": FormatRule("slice", note="StridedSliceD: in NC1HWC0 (NDC1HWC0) when it slices N and spatial axes "
+                                      "only, in FRACTAL_NZ when it slices outer axes only; else ND"),
 }
 _FOLLOW_OPS = {
     "Add", "Sub", "Mul", "Div", "Pow", "Max", "Min", "Sum", "Mean", "Relu", "Sigmoid", "Tanh", "Clip",
@@ -450,7 +453,7 @@ class PlanState:
                 continue
             if is_plain(fmt):
                 out.append(ND)
-            elif n.rule.kind in ("5hd", "matmul", "lastaxis", "view", "reduce"):
+            elif n.rule.kind in ("5hd", "matmul", "lastaxis", "view", "reduce", "slice"):
                 out.append(fmt if j in n.rule.data_slots else ND)
             elif n.rule.kind == "follow":
                 out.append(fmt if _numel(self.shapes.get(t, ())) != 1 else None)
@@ -667,6 +670,8 @@ def check_format(state: PlanState, n: _Node, fmt: str) -> str | None:
         return _check_concat(state, n, fmt, out_shape)
     if kind == "reduce":
         return _check_reduce(state, n, fmt)
+    if kind == "slice":
+        return _check_slice(state, n, fmt)
     if kind == "lastaxis":
         if fmt != NZ:
             return f"{n.node.op_type} takes ND or FRACTAL_NZ, not {fmt}"
@@ -828,6 +833,45 @@ def _reduce_axes(state: PlanState, n: _Node, rank: int) -> list[int] | None:
     if axes is None or len(axes) == 0:
         return [] if int(_attr(n.node, "noop_with_empty_axes", 0)) else list(range(rank))
     return sorted({int(a) % max(rank, 1) for a in axes})
+
+
+def _slice_axes(state: PlanState, n: _Node, rank: int) -> list[int] | None:
+    """The axes a Slice cuts (attribute before opset 10, else the constant ``axes`` input; all leading
+    axes when absent); None when they are not known at compile time."""
+    if state.loaded.opset < 10:
+        axes = _attr(n.node, "axes")
+        count = len(_attr(n.node, "starts", []) or [])
+    else:
+        axes = None
+        starts = n.node.input[1] if len(n.node.input) > 1 else ""
+        if not starts or starts not in state.loaded.constants:
+            return None
+        count = int(np.asarray(state.loaded.constant_array(starts)).size)
+        if len(n.node.input) > 3 and n.node.input[3]:
+            if n.node.input[3] not in state.loaded.constants:
+                return None
+            axes = [int(a) for a in np.asarray(state.loaded.constant_array(n.node.input[3])).reshape(-1)]
+    if axes is None:
+        axes = list(range(count))
+    return sorted({int(a) % max(rank, 1) for a in axes})
+
+
+def _check_slice(state: PlanState, n: _Node, fmt: str) -> str | None:
+    r = state.rank(n.node.input[0]) if n.node.input else 0
+    axes = _slice_axes(state, n, r)
+    if axes is None:
+        return "Slice bounds are computed at run time"
+    if fmt in (NC1HWC0, NDC1HWC0):
+        if r != (5 if fmt == NDC1HWC0 else 4):
+            return f"rank-{r} tensors cannot be held in {fmt}"
+        if 1 in axes:
+            return f"Slice cuts the channel axis, which {fmt} splits into C1 x C0 blocks"
+        return None
+    if fmt == NZ:
+        if r < 2 or not set(axes) <= set(range(r - 2)):
+            return f"Slice cuts axes {axes} of a rank-{r} tensor, which include FRACTAL_NZ's blocked last two axes"
+        return None
+    return f"Slice does not run in {fmt}"
 
 
 def _check_reduce(state: PlanState, n: _Node, fmt: str) -> str | None:

@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar
 
+from npu_deploy._display import duration
 from npu_deploy._result import Result
 from npu_deploy.errors import ProfileError
 from npu_deploy.profiling import parse as P
@@ -930,7 +931,7 @@ def _device_label(capture: str, device, several: bool) -> str:
 # Suggestions
 
 def _fmt_us(us: float) -> str:
-    return f"{us / 1000:.2f} ms" if us >= 1000 else f"{us:.1f} µs"
+    return duration(float(us) / 1e6)  # the one unit rule (npu_deploy._display)
 
 
 def suggest(r: ProfileReport) -> list[Suggestion]:

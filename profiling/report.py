@@ -54,18 +54,17 @@ import html
 import os
 import re
 
+from npu_deploy._display import duration, middle
+from npu_deploy._display import table as text_table
 from npu_deploy._io import atomic_write
 from npu_deploy._text import printable
 from npu_deploy.profiling.analyze import ConversionKind, ProfileReport
 
 
 def fmt_us(us: float) -> str:
-    """``1234.5`` → ``'1.23 ms'``; ``12.345`` → ``'12.3 µs'``."""
-    if us >= 1_000_000:
-        return f"{us / 1e6:.2f} s"
-    if us >= 1000:
-        return f"{us / 1000:.2f} ms"
-    return f"{us:.1f} µs"
+    """``1234.5`` → ``'1.23 ms'``; ``12.345`` → ``'12.3 µs'`` (the one unit rule:
+    :func:`npu_deploy._display.duration`)."""
+    return duration(None if us is None else float(us) / 1e6)
 
 
 def kind_label(k: ConversionKind) -> str:
@@ -77,10 +76,25 @@ def _clip(text: str | None, n: int) -> str:
     return t if len(t) <= n else t[: n - 1] + "…"
 
 
-def render_text(r: ProfileReport, *, top: int = 10, width: int = 100) -> str:
+# op names longer than this are shortened in the middle (their distinguishing end kept) unless wide
+NAME_WIDTH = 48
+
+
+def _d(us: float) -> str:
+    return duration(us / 1e6)
+
+
+def _name(text: str | None, wide: bool) -> str:
+    t = printable("" if text is None else str(text))
+    return t if wide else middle(t, NAME_WIDTH)
+
+
+def render_text(r: ProfileReport, *, top: int = 10, width: int = 100, wide: bool = False) -> str:
     """The terminal summary: verdict first (with several captures or devices, one verdict each, then the
     summary), then shares, conversion kinds, top instances, round trips, suggestions.
 
+    The tables are aligned; op names are never cut so that two ops look alike: a long name is
+    shortened in the middle, keeping its end (``wide=True`` prints every name whole); ``top`` rows each.
     Names come from a stranger's file: control characters in them are escaped, so they cannot drive the
     terminal."""
     lines = []
@@ -127,36 +141,36 @@ def render_text(r: ProfileReport, *, top: int = 10, width: int = 100) -> str:
     if conv:
         lines.append("")
         lines.append("Conversion kinds")
-        kw = max([28] + [min(48, len(kind_label(k))) for k in conv[:top]])
-        lines.append(f"  {'kind':<{kw}} {'op':<10} {'count':>6} {'total':>10} {'mean':>9} {'share':>7}  shapes")
-        for k in conv[:top]:
-            shapes = ", ".join(f"[{s}]×{n}" for s, n in k.shapes[:2])
-            lines.append(f"  {_clip(kind_label(k), kw):<{kw}} {_clip('/'.join(k.op_types), 10):<10} "
-                         f"{k.count:>6} {fmt_us(k.total_us):>10} {fmt_us(k.mean_us):>9} "
-                         f"{k.share_pct:>6.1f}%  {_clip(shapes, 40)}")
+        rows = [(_name(kind_label(k), wide), "/".join(k.op_types), k.count, duration(k.total_us / 1e6),
+                 duration(k.mean_us / 1e6), f"{k.share_pct:.1f} %",
+                 ", ".join(f"[{s}]×{n}" for s, n in k.shapes[:2 if not wide else None]))
+                for k in conv[:top]]
+        lines.extend("  " + x for x in text_table(["kind", "op", "count", "total", "mean", "share", "shapes"],
+                                                   rows, right=(2, 3, 4, 5)).splitlines())
         inst = sorted((i for k in conv for i in k.top), key=lambda i: (-i.total_us, i.name))[:top]
         lines.append("")
         lines.append("Top conversion ops (total over their runs)")
-        for i in inst:
-            where = f"after {_clip(i.prev_op, 30) or '(start)'}, before {_clip(i.next_op, 30) or '(end)'}"
-            lines.append(f"  {fmt_us(i.total_us):>9} {'×' + str(i.count):>6}  {_clip(i.name, 34):<34} "
-                         f"{_clip(i.conversion, 24):<24} {_clip(i.shape_label, 40)}  {where}")
+        rows = [(_name(i.name, wide), duration(i.total_us / 1e6), f"×{i.count}", printable(i.conversion or ""),
+                 printable(i.shape_label or ""), _name(i.prev_op, wide) or "(start)", _name(i.next_op, wide) or "(end)")
+                for i in inst]
+        lines.extend("  " + x for x in text_table(["op name", "total", "runs", "conversion", "shape", "after",
+                                                    "before"], rows, right=(1, 2)).splitlines())
     if casts:
         lines.append("")
         lines.append("Casts (dtype conversions, not FormatTrans)")
         for k in casts[:5]:
-            lines.append(f"  {_clip(kind_label(k), 28):<28} {k.count:>6} {fmt_us(k.total_us):>10} {k.share_pct:>6.1f}%")
+            lines.append(f"  {_clip(kind_label(k), 28):<28} {k.count:>6} {_d(k.total_us):>10} {k.share_pct:>6.1f}%")
     if r.round_trips:
         lines.append("")
         lines.append("Round trips (a conversion undone later on the same shape)")
         for t in r.round_trips[:top]:
-            lines.append(f"  {t.label:<32} [{_clip(t.shape, 24)}] ×{t.count}  would save {fmt_us(t.saved_us)} "
+            lines.append(f"  {t.label:<32} [{_clip(t.shape, 24)}] ×{t.count}  would save {_d(t.saved_us)} "
                          f"({t.saved_pct:.1f} %)  between: {_clip(', '.join(t.between), 40)}")
     if r.ai_cpu_ops:
         lines.append("")
         lines.append(f"AI CPU ({r.ai_cpu_pct:.1f} % of compute)")
         for a in r.ai_cpu_ops[:top]:
-            lines.append(f"  {_clip(a.op_type, 28):<28} {a.count:>6} {fmt_us(a.total_us):>10} "
+            lines.append(f"  {_clip(a.op_type, 28):<28} {a.count:>6} {_d(a.total_us):>10} "
                          f"{a.share_pct:>6.1f}%  {_clip('/'.join(a.dtypes), 40)}")
     if r.suggestions:
         lines.append("")
@@ -183,7 +197,7 @@ table{border-collapse:collapse;width:100%;margin:6px 0}th,td{text-align:left;pad
 border-bottom:1px solid #eef0f3;vertical-align:top}th{background:#f5f7f9;font-weight:600}
 td.num,th.num{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}
 code{font:12px ui-monospace,SFMono-Regular,Menlo,monospace;background:#f3f4f6;padding:1px 4px;border-radius:3px;
-word-break:break-all}
+word-break:normal;overflow-wrap:normal}
 .gauge{position:relative;height:26px;background:#eef0f3;border-radius:4px;margin:8px 0 22px;max-width:720px}
 .gauge .fill{position:absolute;left:0;top:0;bottom:0;border-radius:4px}
 .gauge .thr{position:absolute;top:-4px;bottom:-4px;border-left:2px dashed #1d232a}
@@ -212,6 +226,17 @@ _OPTION = re.compile(r"(--[A-Za-z][\w.=-]*)")
 
 def _e(x) -> str:
     return html.escape("" if x is None else str(x), quote=True)
+
+
+_SEPARATOR = re.compile(r"([_/.,:;\-]+)")
+
+
+def _eb(x) -> str:
+    """:func:`_e`, with a line-break opportunity (``<wbr>``) after each run of separators: a long op
+    name or shape wraps as ``trans_TransData_`` / ``17`` or ``[256,256,`` / ``3,3]``, never mid-token
+    (the CSS forbids breaking inside words)."""
+    return "".join(_e(part) + ("<wbr>" if k % 2 else "") for k, part in enumerate(_SEPARATOR.split(
+        "" if x is None else str(x))))
 
 
 def render_html(r: ProfileReport, *, top: int = 15) -> str:
@@ -288,7 +313,7 @@ def render_html(r: ProfileReport, *, top: int = 15) -> str:
         w("<table><tr><th>kind</th><th>class</th><th>op types</th><th class='num'>count</th>"
           "<th class='num'>total</th><th class='num'>mean</th><th class='num'>share</th><th>shapes</th></tr>")
         for k in conv:
-            shapes = "<br>".join(f"<code>[{_e(s)}]</code> ×{int(n)}" for s, n in k.shapes[:3])
+            shapes = "<br>".join(f"<code>[{_eb(s)}]</code> ×{int(n)}" for s, n in k.shapes[:3])
             w(f"<tr><td><b>{_e(kind_label(k))}</b></td><td>{_e(k.category)}</td><td>{_e(', '.join(k.op_types))}</td>"
               f"<td class='num'>{k.count}</td><td class='num'>{_e(fmt_us(k.total_us))}</td>"
               f"<td class='num'>{_e(fmt_us(k.mean_us))}</td><td class='num'>{k.share_pct:.1f} %</td>"
@@ -303,9 +328,9 @@ def render_html(r: ProfileReport, *, top: int = 15) -> str:
             dev = f"device {i.device}, " if i.device else ""
             stream = f"stream {i.stream}" if i.stream else ""
             w(f"<tr><td class='num'>{_e(fmt_us(i.total_us))}</td><td class='num'>{i.count}</td>"
-              f"<td class='num'>{_e(fmt_us(i.duration_us))}</td><td><code>{_e(i.name)}</code></td>"
-              f"<td>{_e(i.conversion)}</td><td><code>{_e(i.shape_label)}</code></td>"
-              f"<td><code>{_e(i.prev_op or '(start)')}</code></td><td><code>{_e(i.next_op or '(end)')}</code></td>"
+              f"<td class='num'>{_e(fmt_us(i.duration_us))}</td><td><code>{_eb(i.name)}</code></td>"
+              f"<td>{_e(i.conversion)}</td><td><code>{_eb(i.shape_label)}</code></td>"
+              f"<td><code>{_eb(i.prev_op or '(start)')}</code></td><td><code>{_eb(i.next_op or '(end)')}</code></td>"
               f"<td class='small muted'>{_e(dev + stream)}<br>{_e(where)}</td></tr>")
         w("</table>")
     # round trips
@@ -317,9 +342,9 @@ def render_html(r: ProfileReport, *, top: int = 15) -> str:
           "<th>between</th><th>example</th></tr>")
         for t in r.round_trips[:top]:
             ex = " … ".join(t.examples[0]) if t.examples else ""
-            w(f"<tr><td><b>{_e(t.label)}</b></td><td><code>{_e(t.shape)}</code></td><td class='num'>{t.count}</td>"
+            w(f"<tr><td><b>{_e(t.label)}</b></td><td><code>{_eb(t.shape)}</code></td><td class='num'>{t.count}</td>"
               f"<td class='num'>{_e(fmt_us(t.saved_us))} ({t.saved_pct:.1f} %)</td><td>{_e(', '.join(t.between))}</td>"
-              f"<td><code>{_e(ex)}</code></td></tr>")
+              f"<td><code>{_eb(ex)}</code></td></tr>")
         w("</table>")
     # suggestions
     w("<h2 id='suggestions'>Suggestions</h2>")

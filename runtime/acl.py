@@ -698,3 +698,43 @@ class AclBackend(Backend):
         if t.pack_format is None:
             return host
         return formats.unpack(host, t.pack_format, self._current_logical(t, dims), origin=t.meta.format)
+
+
+# ------------------------------------------------------------------------------------ operator dumps
+DUMP_MODES = ("all", "input", "output")
+ACL_JSON = "acl.json"
+
+
+def dump_config(dump_path: str | os.PathLike, model_name: str, *, mode: str = "all") -> dict:
+    """The ``acl.json`` content that switches operator dumps on for ``model_name``
+    (``../shared/reference/accuracy-debug.md`` §3). ACL writes the files under
+    ``{dump_path}/{time}/{device_id}/{model_name}/{model_id}/{iteration}/``.
+
+    >>> dump_config("/tmp/d", "resnet50")["dump"]["dump_list"]
+    [{'model_name': 'resnet50'}]
+    """
+    if mode not in DUMP_MODES:
+        raise InputError(f"dump mode {mode!r}", hint=f"use one of {', '.join(DUMP_MODES)}")
+    return {"dump": {"dump_list": [{"model_name": str(model_name)}],
+                     "dump_path": str(Path(dump_path).resolve()), "dump_mode": mode, "dump_op_switch": "off"}}
+
+
+def enable_dump(dump_path: str | os.PathLike, om_path: str | os.PathLike, *, mode: str = "all") -> Path:
+    """Switch operator dumps on for the ``.om`` at ``om_path``: write ``{dump_path}/acl.json`` and
+    initialise ACL with it (pyACL reads the config at ``acl.init`` only, once per process, so this must
+    come before any other ACL use). Returns the ``acl.json`` path. Verified against the pyACL stand-in
+    only (``tests/standins/acl``), not on a device.
+    """
+    import json
+
+    from npu_deploy._io import atomic_write, make_output_folder
+    from npu_deploy.converters.om import preflight_info
+
+    model_name = preflight_info(om_path).model_name or Path(om_path).stem
+    folder = make_output_folder(dump_path)
+    cfg = folder / ACL_JSON
+    with atomic_write(cfg, "w", encoding="utf-8") as f:
+        json.dump(dump_config(folder, model_name, mode=mode), f, indent=2)
+        f.write("\n")
+    device.ensure_initialized(config_path=str(cfg))
+    return cfg

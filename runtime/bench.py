@@ -19,6 +19,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
+from npu_deploy._display import duration_ms, plural, table
 from npu_deploy._result import Result
 from npu_deploy.errors import InputError
 
@@ -106,8 +107,8 @@ class BenchResult(Result):
         if self.latency is None:
             return "no runs"
         where = "CPU emulator (not device time)" if self.backend == "emulator" else self.backend
-        return (f"{self.loop} runs on {where}: mean {self.latency.mean_ms:.3f} ms, "
-                f"p99 {self.latency.p99_ms:.3f} ms, throughput {self.throughput:.1f} samples/s")
+        return (f"{plural(self.loop, 'run')} on {where}: mean {duration_ms(self.latency.mean_ms)}, "
+                f"p99 {duration_ms(self.latency.p99_ms)}, throughput {self.throughput:.1f} samples/s")
 
     @classmethod
     def from_dict(cls, d: dict) -> "BenchResult":
@@ -119,18 +120,30 @@ class BenchResult(Result):
         return cls(**kw)
 
     def table(self) -> str:
-        """The numbers as an aligned text table (what the CLI prints)."""
+        """The numbers as an aligned table (what the CLI prints), then the same in ais_bench's terms."""
         rows = [("latency (end to end)", self.latency), ("  host -> device", self.h2d),
                 ("  compute", self.compute), ("  device -> host", self.d2h)]
-        head = f"{'':22s} {'min':>9s} {'mean':>9s} {'p50':>9s} {'p90':>9s} {'p95':>9s} {'p99':>9s}  (ms)"
-        lines = [head]
-        for label, s in rows:
-            if s is None:
-                continue
-            lines.append(f"{label:22s} {s.min_ms:9.3f} {s.mean_ms:9.3f} {s.p50_ms:9.3f} {s.p90_ms:9.3f} "
-                         f"{s.p95_ms:9.3f} {s.p99_ms:9.3f}")
-        lines.append(f"throughput: {self.throughput:.2f} samples/s (batch {self.batch_size})")
+        body = [(label, *(duration_ms(getattr(s, f"{k}_ms")) for k in ("min", "mean", "p50", "p90", "p95",
+                                                                        "p99", "max", "std")))
+                for label, s in rows if s is not None]
+        lines = [table(["", "min", "mean", "p50", "p90", "p95", "p99", "max", "std"], body, right=range(1, 9))]
+        lines.append(f"throughput: {self.throughput:.2f} samples/s end to end (batch {self.batch_size})")
+        lines.extend(self.ais_bench_lines())
         return "\n".join(lines)
+
+    def ais_bench_lines(self) -> list[str]:
+        """The summary as ais_bench words it: H2D / compute / D2H in ms (mean, median, p99), and its
+        throughput, which counts compute time only (``1000 * batchsize / compute mean``)."""
+        out = ["in ais_bench's terms (ms):"]
+        for label, s in (("H2D_latency", self.h2d), ("NPU_compute_time", self.compute), ("D2H_latency", self.d2h)):
+            if s is not None:
+                out.append(f"  {label}: min = {s.min_ms:.4g}, max = {s.max_ms:.4g}, mean = {s.mean_ms:.4g}, "
+                           f"median = {s.p50_ms:.4g}, percentile(99%) = {s.p99_ms:.4g}")
+        if self.compute is not None and self.compute.mean_ms > 0:
+            thr = 1000.0 * self.batch_size / self.compute.mean_ms
+            out.append(f"  throughput 1000*batchsize({self.batch_size})/NPU_compute_time.mean"
+                       f"({self.compute.mean_ms:.4g}): {thr:.2f}")
+        return out
 
 
 def benchmark(session: Any, feeds: Mapping[str, np.ndarray], *, loop: int = 10, warmup: int = 1,

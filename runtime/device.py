@@ -99,16 +99,23 @@ def _forget() -> None:
     _initialized = _we_initialized = _finalized = False
 
 
-def _init(acl: ModuleType) -> None:
+def _init(acl: ModuleType, config_path: str | None = None) -> None:
     global _initialized, _we_initialized, _atexit_registered
     if _finalized:
         raise AclError("ACL was finalised in this process (npu_deploy.runtime.device.finalize) and pyACL "
                        "cannot be initialised again", call="acl.init",
                        hint="run device work in a new process")
     if _initialized:
+        if config_path is not None:
+            raise AclError("acl.json is read only at acl.init, and ACL is already initialised in this process",
+                           call="acl.init", hint="start a new process to run with this acl.json (e.g. --dump)")
         return
-    ret = acl.init()
+    ret = acl.init(config_path) if config_path is not None else acl.init()
     if ret == ACL_ERROR_REPEAT_INITIALIZE:
+        if config_path is not None:
+            raise AclError("acl.json is read only at acl.init, and someone else already initialised ACL in this "
+                           "process", call="acl.init", code=ret,
+                           hint="start a new process to run with this acl.json (e.g. --dump)")
         _we_initialized = False
     else:
         check("acl.init", ret)
@@ -119,11 +126,13 @@ def _init(acl: ModuleType) -> None:
         _atexit_registered = True
 
 
-def ensure_initialized() -> ModuleType:
-    """Import pyACL and make sure ``acl.init`` has run in this process; return the module."""
+def ensure_initialized(config_path: str | None = None) -> ModuleType:
+    """Import pyACL and make sure ``acl.init`` has run in this process; return the module.
+    ``config_path``: an ``acl.json`` (dump settings...) handed to ``acl.init``; pyACL reads it only
+    there, so it is refused (``AclError``) once ACL is initialised."""
     with _lock:
         acl = load_acl()
-        _init(acl)
+        _init(acl, config_path)
         return acl
 
 

@@ -163,9 +163,11 @@ class ExecutedTensor:
         """The buffer back in the tensor's logical layout (through the format core)."""
         from npu_deploy.converters import formats
 
+        from npu_deploy.converters.format_graph import is_identity
+
         st = self.stored
-        if st.storage == st.shape and not st.origin:
-            return self.data.reshape(st.shape)
+        if is_identity(st.format):  # a plain buffer in the tensor's own axis order is the tensor
+            return self.data
         return formats.unpack(self.data, st.format, st.shape, **st._kw())
 
 

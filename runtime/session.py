@@ -4,10 +4,24 @@ The file is recognised by its content, never its name: a bundle (``converters.bu
 the CPU emulator, an ``.om`` (``converters.om.is_om``) on an Ascend device through ACL. An ONNX file is not
 a runnable model here: convert it first (``npu-deploy convert model.onnx --backend builtin``).
 
-The API follows onnxruntime's: ``get_inputs()``, ``get_outputs()`` (each a list of
-:class:`~npu_deploy.runtime.backend.TensorMeta`) and ``run(output_names | None, feeds)``. Feeds are host
-arrays in the model's host format; the session validates them (names, dtype with lossless casts only,
-shape, gears), converts them to the device format on the way in and back on the way out.
+The API follows onnxruntime's, so code written for ``onnxruntime.InferenceSession`` runs unchanged:
+
+* ``InferenceSession("model.onnx")`` converts in memory (ATC when it and a device are present, else the
+  built-in lowering for the CPU emulator; :attr:`InferenceSession.conversion` says which);
+* ``providers=["CANNExecutionProvider" | "CPUExecutionProvider", ...]`` (first one that can run the
+  model wins; ``("CANNExecutionProvider", {"device_id": 1})`` sets the device), ``sess_options=``
+  (an ``onnxruntime.SessionOptions``: threads and the rest honoured by the emulator's onnxruntime;
+  refused on a device where they cannot apply), ``get_providers()``, ``get_modelmeta()``,
+  ``end_profiling()``;
+* ``get_inputs()`` / ``get_outputs()``: :class:`NodeArg` with ``.name``, ``.shape`` (a dynamic dim is its
+  name, a ``str``, as onnxruntime gives it) and ``.type`` (``"tensor(float)"``), and every
+  :class:`~npu_deploy.runtime.backend.TensorMeta` field besides (``format``, ``device_format``,
+  ``gears`` …; a dynamic dim still compares equal to -1 for code written against TensorMeta);
+* ``run(output_names | None, feeds, run_options=None)``; ``io_binding()`` + ``run_with_iobinding()``
+  keep bound inputs in place between runs (on the CPU: copied once at bind time, like a device copy).
+
+Feeds are host arrays in the model's host format; the session validates them (names, dtype with
+lossless casts only, shape, gears), converts them to the device format on the way in and back on the way out.
 
 Thread safety: a session may be shared between threads. Calls to ``run`` are serialised by a lock inside
 the backend (one run at a time per session); use one session per thread for parallel runs.
@@ -25,7 +39,11 @@ exit, whichever comes first.
 from __future__ import annotations
 
 import atexit
+import dataclasses
+import logging
 import os
+import shutil
+import tempfile
 import threading
 import weakref
 from pathlib import Path
@@ -37,6 +55,10 @@ from npu_deploy.errors import DependencyError, InputError, ModelError
 from npu_deploy.runtime.backend import Backend, TensorMeta, Timing
 
 BACKENDS = ("auto", "emulator", "acl")
+# onnxruntime execution-provider names -> the backend that plays their part
+PROVIDERS = {"CPUExecutionProvider": "emulator", "CANNExecutionProvider": "acl"}
+BACKEND_PROVIDER = {v: k for k, v in PROVIDERS.items()}
+_log = logging.getLogger("npu_deploy")
 
 _open_sessions: "weakref.WeakSet[InferenceSession]" = weakref.WeakSet()
 _open_lock = threading.Lock()
@@ -101,30 +123,44 @@ class InferenceSession:
     """
 
     def __init__(self, path: str | os.PathLike, device_id: int = 0, backend: str = "auto",
-                 profile: bool = False, profile_dir: str | os.PathLike | None = None):
+                 profile: bool = False, profile_dir: str | os.PathLike | None = None, *,
+                 sess_options: Any = None, providers: Sequence[Any] | None = None,
+                 provider_options: Sequence[dict] | None = None,
+                 input_shapes: Mapping[str, Sequence[int]] | None = None):
         if backend not in BACKENDS:
             raise InputError(f"unknown backend {backend!r}", hint=f"use one of {', '.join(BACKENDS)}")
         self.path = Path(path)
         self._backend: Backend | None = None
+        self._tmpdir: str | None = None
         #: the profile folder written at close (``profile=True``), else None
         self.profile_path: Path | None = None
+        #: how an ``.onnx`` path was made runnable ("" for a bundle or .om), e.g. "built-in lowering"
+        self.conversion = ""
+        self.source_model: Path | None = None
+        self._sess_options = sess_options
         kind = sniff_model(self.path)
+        backend, device_id = _resolve_providers(providers, provider_options, backend, device_id, kind)
         if kind == "onnx":
-            raise ModelError(f"{self.path}: is an ONNX model, which InferenceSession does not run",
-                             hint=f"convert it first: npu-deploy convert {self.path} --backend builtin")
+            kind, backend = self._convert_onnx(backend, input_shapes)
+        elif input_shapes is not None:
+            raise InputError("input_shapes= is for an .onnx model converted on the fly",
+                             hint="a bundle or .om has its shapes; give concrete arrays to run()")
         if backend == "auto":
             backend = "emulator" if kind == "bundle" else "acl"
         if backend == "emulator" and kind != "bundle":
             raise InputError(f"{self.path}: the emulator runs offline bundles, this is an .om",
-                             hint="use backend='acl' on an Ascend host, or convert with --backend builtin")
+                             hint="run it with the acl backend on an Ascend host, or convert the ONNX model with the "
+                                  "built-in backend for the emulator")
         if backend == "acl" and kind != "om":
             raise InputError(f"{self.path}: the acl backend runs .om files, this is an offline bundle",
-                             hint="use backend='emulator' (or 'auto')")
+                             hint="run it with the emulator backend (or auto)")
         if backend == "emulator":
             from npu_deploy.runtime.emulator import EmulatorBackend
 
-            be: Backend = EmulatorBackend(self.path, profile=profile, profile_dir=profile_dir)
+            be: Backend = EmulatorBackend(self.path, profile=profile, profile_dir=profile_dir,
+                                          session_options=_ort_options(sess_options))
         else:
+            _refuse_device_options(sess_options)
             try:
                 from npu_deploy.runtime.acl import AclBackend
             except ImportError as e:
@@ -133,13 +169,17 @@ class InferenceSession:
                                            "(pyACL from set_env.sh), or convert with --backend builtin "
                                            "and use the CPU emulator") from e
             if profile:
-                raise InputError(f"{self.path}: profile=True is for the emulator; a device run is profiled "
+                raise InputError(f"{self.path}: profiling here is for the emulator; a device run is profiled "
                                  f"by msprof", hint="run under 'msprof --output=DIR python ...', then "
                                                     "'npu-deploy profile DIR'")
             be = AclBackend(self.path, device_id=device_id)
         self.backend_name = backend
         self.device_id = device_id
-        be.activate()
+        try:
+            be.activate()
+        except BaseException:
+            self._remove_tmpdir()
+            raise
         self._backend = be
         with _open_lock:
             _open_sessions.add(self)
@@ -161,19 +201,104 @@ class InferenceSession:
     def closed(self) -> bool:
         return self._backend is None
 
-    # ------------------------------------------------------------------ API
-    def get_inputs(self) -> list[TensorMeta]:
-        return self.backend.get_inputs()
+    def _convert_onnx(self, backend: str, input_shapes) -> tuple[str, str]:
+        """Make an ``.onnx`` runnable: ATC → ``.om`` when ATC is found and the ACL backend is wanted or
+        importable, else the built-in lowering → a bundle for the emulator, in a private folder."""
+        from npu_deploy.converters.convert import convert
 
-    def get_outputs(self) -> list[TensorMeta]:
-        return self.backend.get_outputs()
+        use_atc = backend == "acl" or (backend == "auto" and _device_path_available())
+        self._tmpdir = tempfile.mkdtemp(prefix="npu-deploy-session-")
+        out = Path(self._tmpdir) / (self.path.stem + (".om" if use_atc else ".bundle"))
+        try:
+            res = convert(self.path, out, backend="atc" if use_atc else "builtin",
+                          input_shapes=dict(input_shapes) if input_shapes else None)
+        except BaseException:
+            self._remove_tmpdir()
+            raise
+        self.source_model, self.path = self.path, Path(res.output)
+        self.conversion = "ATC (.om, on the device)" if use_atc else "built-in lowering (bundle, CPU emulator)"
+        _log.info("%s: converted in memory with %s", self.source_model, self.conversion)
+        return ("om", "acl") if use_atc else ("bundle", "emulator")
+
+    def _remove_tmpdir(self) -> None:
+        d, self._tmpdir = self._tmpdir, None
+        if d is not None:
+            shutil.rmtree(d, ignore_errors=True)
+
+    # ------------------------------------------------------------------ API
+    def get_inputs(self) -> list["NodeArg"]:
+        """The inputs, onnxruntime-style (:class:`NodeArg`), with every TensorMeta field besides."""
+        return [NodeArg(m, self._dim_names("input", m)) for m in self.backend.get_inputs()]
+
+    def get_outputs(self) -> list["NodeArg"]:
+        return [NodeArg(m, self._dim_names("output", m)) for m in self.backend.get_outputs()]
+
+    def _dim_names(self, kind: str, meta: TensorMeta) -> list[str | None]:
+        graph = getattr(self._backend, "_graph", None)
+        if graph is not None:
+            for vi in (graph.graph.input if kind == "input" else graph.graph.output):
+                if vi.name == meta.name and vi.type.HasField("tensor_type"):
+                    dims = vi.type.tensor_type.shape.dim
+                    if len(dims) == len(meta.shape):
+                        return [d.dim_param or None for d in dims]
+        return [None] * len(meta.shape)
+
+    def get_providers(self) -> list[str]:
+        """onnxruntime's name for what runs the model: ``CPUExecutionProvider`` (the emulator runs on
+        onnxruntime's CPU provider) or ``CANNExecutionProvider`` (an Ascend device through ACL)."""
+        return [BACKEND_PROVIDER[self.backend_name]]
+
+    def get_provider_options(self) -> dict[str, dict[str, str]]:
+        opts = {"device_id": str(self.device_id)} if self.backend_name == "acl" else {}
+        return {BACKEND_PROVIDER[self.backend_name]: opts}
+
+    def get_session_options(self) -> Any:
+        """The ``sess_options`` given (None when none were)."""
+        return self._sess_options
+
+    def get_modelmeta(self) -> "ModelMetadata":
+        """onnxruntime's model metadata: producer, graph name, domain, description, version, custom
+        metadata (the model's own ``metadata_props``, plus ``npu_deploy.*`` keys: SoC, precision)."""
+        return model_metadata(self.path, self.backend)
+
+    def end_profiling(self) -> str:
+        """Write the profile now and stop profiling (onnxruntime's contract); return its path, or ""
+        when the session is not profiling (as onnxruntime does). The emulator's profile holds the cost
+        model's estimated durations; a device run is profiled by msprof, outside the session."""
+        be = self.backend
+        if not getattr(be, "profile", False):
+            return ""
+        with be._lock:
+            be.deactivate()  # writes the profile
+            path = getattr(be, "profile_path", None)
+            be.profile = False
+            be.activate()
+        self.profile_path = path
+        return "" if path is None else str(path)
+
+    def io_binding(self) -> "IOBinding":
+        """An onnxruntime-style binding: bind inputs once, run many times (:meth:`run_with_iobinding`)."""
+        return IOBinding(self)
+
+    def run_with_iobinding(self, binding: "IOBinding", run_options: Any = None) -> None:
+        """Run on the bound inputs; the outputs stay in ``binding`` (``copy_outputs_to_cpu()``)."""
+        if binding.session is not self:
+            raise InputError("this IOBinding belongs to another session", hint="use sess.io_binding()")
+        names = binding._output_names or None
+        outs = self.run(names, binding._inputs, run_options)
+        binding._outputs = outs
 
     def gears(self) -> list[dict[str, tuple[int, ...]]]:
         """The model's input gears, ``[{input: shape}, ...]`` (empty for a static model)."""
         return self.backend.gears()
 
-    def run(self, output_names: Sequence[str] | None, feeds: Mapping[str, Any]) -> list[np.ndarray]:
-        """Run once; ``output_names=None`` returns every output in model order."""
+    def run(self, output_names: Sequence[str] | None, feeds: Mapping[str, Any],
+            run_options: Any = None) -> list[np.ndarray]:
+        """Run once; ``output_names=None`` returns every output in model order. ``run_options`` (an
+        ``onnxruntime.RunOptions``) is accepted for onnxruntime's signature; a run that asks to
+        ``terminate`` is refused, the other fields do not apply here."""
+        if run_options is not None and getattr(run_options, "terminate", False):
+            raise InputError("run_options.terminate is set: the run was cancelled before it started")
         return self.backend.run(output_names, feeds)
 
     def run_timed(self, output_names: Sequence[str] | None,
@@ -187,8 +312,11 @@ class InferenceSession:
         if be is not None:
             with _open_lock:
                 _open_sessions.discard(self)
-            be.deactivate()
-            self.profile_path = getattr(be, "profile_path", None)
+            try:
+                be.deactivate()
+                self.profile_path = getattr(be, "profile_path", None) or self.profile_path
+            finally:
+                self._remove_tmpdir()
 
     def __enter__(self) -> "InferenceSession":
         return self
@@ -205,3 +333,262 @@ class InferenceSession:
     def __repr__(self) -> str:
         state = "closed" if self._backend is None else self.backend_name
         return f"InferenceSession({str(self.path)!r}, {state})"
+
+
+# ------------------------------------------------------------------ onnxruntime's shapes of things
+class DimName(str):
+    """A dynamic dimension by its name, as onnxruntime reports it (``"batch_size"``), that still
+    compares as ``-1`` with numbers, so code written against TensorMeta's convention keeps working.
+
+    >>> d = DimName("batch")
+    >>> d, isinstance(d, str), d == -1, d < 0, int(d)
+    ('batch', True, True, True, -1)
+    """
+
+    __slots__ = ()
+
+    def __int__(self) -> int:
+        return -1
+
+    def _num(self, other):
+        return isinstance(other, (int, float, np.integer)) and not isinstance(other, bool)
+
+    def __eq__(self, other):
+        return -1 == other if self._num(other) else str.__eq__(self, other)
+
+    def __ne__(self, other):
+        return not self.__eq__(other)
+
+    def __lt__(self, other):
+        return -1 < other if self._num(other) else str.__lt__(self, other)
+
+    def __le__(self, other):
+        return -1 <= other if self._num(other) else str.__le__(self, other)
+
+    def __gt__(self, other):
+        return -1 > other if self._num(other) else str.__gt__(self, other)
+
+    def __ge__(self, other):
+        return -1 >= other if self._num(other) else str.__ge__(self, other)
+
+    __hash__ = str.__hash__
+
+
+class NodeArg:
+    """An input or output as onnxruntime describes it (``.name``, ``.shape``, ``.type``), carrying the
+    :class:`~npu_deploy.runtime.backend.TensorMeta` fields (``dtype``, ``format``, ``device_format``,
+    ``device_shape``, ``nbytes``, ``gears``, ``rank``, ``is_dynamic``, ``to_dict()``) besides.
+    ``.shape`` is a tuple; a dynamic dim is a :class:`DimName` (``"unk__<axis>"`` when the model does
+    not name it)."""
+
+    __slots__ = ("meta", "shape", "type")
+
+    def __init__(self, meta: TensorMeta, names: Sequence[str | None] = ()):
+        from npu_deploy.runtime.compare import ORT_TYPES
+
+        self.meta = meta
+        names = list(names) + [None] * (len(meta.shape) - len(names))
+        self.shape = tuple(d if d >= 0 else DimName(names[k] or f"unk__{k}") for k, d in enumerate(meta.shape))
+        by_dtype = {v: k for k, v in ORT_TYPES.items()}
+        self.type = by_dtype.get(np.dtype(meta.dtype).name, f"tensor({np.dtype(meta.dtype).name})")
+
+    @property
+    def name(self) -> str:
+        return self.meta.name
+
+    def __getattr__(self, key):
+        if key == "meta":  # not set yet (copy/pickle protocols probe before __init__)
+            raise AttributeError(key)
+        return getattr(self.meta, key)
+
+    def __eq__(self, other):
+        if isinstance(other, NodeArg):
+            return self.meta == other.meta
+        return self.meta == other
+
+    __hash__ = None
+
+    def __repr__(self) -> str:
+        return f"NodeArg(name={self.name!r}, type={self.type!r}, shape={list(self.shape)!r})"
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelMetadata:
+    """onnxruntime's ``ModelMetadata`` fields."""
+
+    producer_name: str = ""
+    graph_name: str = ""
+    domain: str = ""
+    description: str = ""
+    graph_description: str = ""
+    version: int = 0
+    custom_metadata_map: dict = dataclasses.field(default_factory=dict)
+
+
+def model_metadata(path: Path, backend: Backend) -> ModelMetadata:
+    """The metadata of a bundle (its source model's, kept in the lowered graph) or an ``.om``."""
+    custom = {}
+    soc = getattr(backend, "soc", None) or getattr(backend, "soc_version", None)
+    manifest = getattr(backend, "_manifest", None)
+    if isinstance(manifest, dict):
+        soc = soc or manifest.get("soc")
+        custom["npu_deploy.precision_mode"] = str(manifest.get("precision_mode", ""))
+        src = manifest.get("source_model") or {}
+        if src.get("name"):
+            custom["npu_deploy.source_model"] = str(src["name"])
+    if soc:
+        custom["npu_deploy.soc"] = str(soc)
+    graph = getattr(backend, "_graph", None)
+    if graph is not None:
+        custom = {**{p.key: p.value for p in graph.metadata_props}, **custom}
+        return ModelMetadata(producer_name=graph.producer_name, graph_name=graph.graph.name,
+                             domain=graph.domain, description=graph.doc_string,
+                             graph_description=graph.graph.doc_string, version=int(graph.model_version),
+                             custom_metadata_map=custom)
+    try:
+        from npu_deploy.converters.om import preflight_info
+
+        info = preflight_info(path)
+        name = info.model_name
+        if info.atc_version:
+            custom["npu_deploy.atc_version"] = str(info.atc_version)
+        custom.setdefault("npu_deploy.soc", str(info.soc_version or ""))
+    except Exception:  # not an .om, or one whose header says little: the fields stay empty
+        name = ""
+    return ModelMetadata(producer_name="ATC" if name else "", graph_name=name, custom_metadata_map=custom)
+
+
+class IOBinding:
+    """onnxruntime's ``IOBinding`` for this session: ``bind_cpu_input(name, array)``,
+    ``bind_output(name)``, ``sess.run_with_iobinding(b)``, ``copy_outputs_to_cpu()``.
+
+    A bound input stays in place between runs: it is copied once, at bind time, as a device copy
+    would be, so changing the numpy array afterwards changes nothing until it is bound again. Binding
+    to device memory by pointer (``bind_input(..., buffer_ptr)``) and OrtValues are not offered."""
+
+    def __init__(self, session: InferenceSession):
+        self.session = session
+        self._inputs: dict[str, np.ndarray] = {}
+        self._output_names: list[str] = []
+        self._outputs: list[np.ndarray] | None = None
+        self._in_names = [m.name for m in session.get_inputs()]
+        self._out_names = [m.name for m in session.get_outputs()]
+
+    def bind_cpu_input(self, name: str, arr: Any) -> None:
+        if name not in self._in_names:
+            raise InputError(f"the model has no input {name!r}", hint=f"inputs are {', '.join(self._in_names)}")
+        self._inputs[name] = np.array(arr, copy=True, order="C")
+
+    def bind_input(self, name, device_type=None, device_id=None, element_type=None, shape=None,
+                   buffer_ptr=None) -> None:
+        raise InputError("binding device memory by pointer is not supported",
+                         hint="use bind_cpu_input(name, array): the array is copied once and kept")
+
+    def bind_output(self, name: str, device_type: str = "cpu", device_id: int = 0, element_type=None,
+                    shape=None, buffer_ptr=None) -> None:
+        if name not in self._out_names:
+            raise InputError(f"the model has no output {name!r}", hint=f"outputs are {', '.join(self._out_names)}")
+        if buffer_ptr is not None:
+            raise InputError("binding an output to memory by pointer is not supported",
+                             hint="bind_output(name) and read copy_outputs_to_cpu()")
+        if name not in self._output_names:
+            self._output_names.append(name)
+
+    def copy_outputs_to_cpu(self) -> list[np.ndarray]:
+        if self._outputs is None:
+            raise InputError("no outputs yet", hint="call sess.run_with_iobinding(binding) first")
+        return [np.array(o, copy=True) for o in self._outputs]
+
+    get_outputs = copy_outputs_to_cpu
+
+    def clear_binding_inputs(self) -> None:
+        self._inputs = {}
+
+    def clear_binding_outputs(self) -> None:
+        self._output_names, self._outputs = [], None
+
+    def synchronize_inputs(self) -> None:
+        """Nothing to wait for: bound inputs are copied at bind time."""
+
+    def synchronize_outputs(self) -> None:
+        """Nothing to wait for: runs are synchronous."""
+
+
+# ------------------------------------------------------------------ providers and options
+def _resolve_providers(providers, provider_options, backend: str, device_id: int, kind: str) -> tuple[str, int]:
+    """The backend (and device) onnxruntime-style ``providers`` ask for: the first one that can run
+    ``kind``; an unknown name, or a list none of whose entries can, is refused."""
+    if providers is None:
+        if provider_options is not None:
+            raise InputError("provider_options= needs providers=", hint="give both, one options dict per provider")
+        return backend, device_id
+    entries = []
+    for k, p in enumerate(providers):
+        name, opts = (p[0], dict(p[1] or {})) if isinstance(p, (tuple, list)) else (str(p), {})
+        if provider_options is not None and k < len(provider_options):
+            opts.update(provider_options[k] or {})
+        if name not in PROVIDERS:
+            raise InputError(f"execution provider {name!r} is not available here",
+                             hint=f"use {' or '.join(PROVIDERS)} (CPU: the emulator; CANN: an Ascend device)")
+        entries.append((name, opts))
+    runs = {"bundle": ("emulator",), "om": ("acl",), "onnx": ("emulator", "acl")}[kind]
+    if kind == "onnx" and not _device_path_available():  # as onnxruntime skips a provider it lacks
+        runs = ("emulator",)
+    for name, opts in entries:
+        be = PROVIDERS[name]
+        if be not in runs:
+            continue
+        if backend not in ("auto", be):
+            raise InputError(f"providers=[{name!r}, ...] asks for the {be} backend, backend={backend!r} for another",
+                             hint="give one of the two")
+        if "device_id" in opts:
+            try:
+                device_id = int(opts["device_id"])
+            except (TypeError, ValueError):
+                raise InputError(f"{name} option device_id={opts['device_id']!r} is not a device number") from None
+        return be, device_id
+    asked = ", ".join(n for n, _ in entries) or "none"
+    raise InputError(f"none of the execution providers asked for ({asked}) can run this {kind} model",
+                     hint="a bundle runs on CPUExecutionProvider (the emulator), an .om on CANNExecutionProvider")
+
+
+def _ort_options(sess_options):
+    """``sess_options`` for the emulator's onnxruntime: an ``onnxruntime.SessionOptions`` as it is;
+    any other object's ``intra_op_num_threads`` / ``inter_op_num_threads`` copied into a new one."""
+    if sess_options is None:
+        return None
+    import onnxruntime as ort
+
+    if isinstance(sess_options, ort.SessionOptions):
+        return sess_options
+    opts = ort.SessionOptions()
+    opts.log_severity_level = 4
+    known = ("intra_op_num_threads", "inter_op_num_threads")
+    for k in known:
+        v = getattr(sess_options, k, None)
+        if v is not None:
+            if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+                raise InputError(f"sess_options.{k}={v!r} must be a whole number >= 0 (0: onnxruntime's default)")
+            setattr(opts, k, v)
+    return opts
+
+
+def _refuse_device_options(sess_options) -> None:
+    if sess_options is None:
+        return
+    for k in ("intra_op_num_threads", "inter_op_num_threads"):
+        if getattr(sess_options, k, 0):
+            raise InputError(f"sess_options.{k} sets CPU threads, which do not apply to a model running on "
+                             f"an Ascend device", hint="drop it, or run a bundle on the CPU emulator")
+    if getattr(sess_options, "enable_profiling", False):
+        raise InputError("sess_options.enable_profiling: a device run is profiled by msprof",
+                         hint="run under 'msprof --output=DIR python ...', then 'npu-deploy profile DIR'")
+
+
+def _device_path_available() -> bool:
+    """ATC to compile and pyACL / acllite to run: what an ``.onnx`` needs to go to a device."""
+    import importlib.util
+
+    from npu_deploy.converters.atc import find_atc
+
+    return find_atc() is not None and any(importlib.util.find_spec(m) is not None for m in ("acl", "acllite"))

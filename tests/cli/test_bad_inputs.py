@@ -102,7 +102,7 @@ CASES = [
     ("run-empty", ["run", "{d}/empty.bundle"], {2}),
     ("run-garbage", ["run", "{d}/garbage.bundle"], {2}),
     ("run-truncated", ["run", "{d}/trunc.bundle"], {2}),
-    ("run-wrong-kind", ["run", "{d}/example.onnx"], {2}),
+    ("run-wrong-kind", ["run", "{d}/huge.npy"], {2}),  # an .onnx runs now (converted in memory)
     ("run-input-missing", ["run", "{d}/ex.bundle", "--input", "x={d}/nope.npy"], {2}),
     ("run-input-empty-npy", ["run", "{d}/ex.bundle", "--input", "x={d}/empty.npy"], {2}),
     ("run-input-huge-npy", ["run", "{d}/ex.bundle", "--input", "x={d}/huge.npy"], {2}),

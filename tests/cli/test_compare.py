@@ -122,3 +122,57 @@ def test_an_all_nan_output_fails_with_na_metrics_not_a_perfect_score(run_cli, tm
     assert out.strip().splitlines()[-1].startswith("FAIL") and "no element is finite" in out
     d = json.loads((tmp_path / "c.json").read_text())
     assert d["ok"] is False and d["outputs"][0]["cosine"] is None and d["outputs"][0]["nan_target"] == 16
+
+
+# ------------------------------------------------------------------ Polygraphy's habits (issue 13)
+def test_per_output_tolerances_decide_for_their_output(run_cli, files, tmp_path):
+    ref, _, bad = files  # bad: the bias is 0.01 higher, so every element of y is 0.01 off
+    code, out, err = run_cli("compare", ref, bad, "--atol", "1e-3", "--rtol", "0")
+    assert code == 1, err
+    code, out, err = run_cli("compare", ref, bad, "--atol", "1e-3", "--atol", "y:0.0101", "--rtol", "0",
+                             "--json", tmp_path / "c.json")
+    assert code == 0, err
+    assert "(y: atol=0.0101, rtol=0)" in out.strip().splitlines()[-1]
+    d = json.loads((tmp_path / "c.json").read_text())
+    assert d["outputs"][0]["atol"] == 0.0101 and d["atol"] == 1e-3
+    code, out, err = run_cli("compare", ref, bad, "--atol", "nope:1")
+    assert code == 2 and "names output(s) 'nope'" in err and len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("stat,code", [("max", 1), ("mean", 1), ("elemwise", 1)])
+def test_check_error_stat_is_accepted_and_judges(run_cli, files, stat, code):
+    ref, good, bad = files
+    assert run_cli("compare", ref, bad, "--check-error-stat", stat, "--atol", "1e-3", "--rtol", "0")[0] == code
+    assert run_cli("compare", ref, good, "--check-error-stat", stat)[0] == 0
+
+
+def test_atol_given_but_rtol_deciding_is_said(run_cli, files):
+    ref, _, bad = files
+    code, out, err = run_cli("compare", ref, bad, "--atol", "1e-4", "--rtol", "1e-3", "--max-outside", "1")
+    assert code == 0 and "decided" not in err  # rtol was given: nothing to warn about
+    code, out, err = run_cli("compare", ref, bad, "--atol", "1e-4", "--max-outside", "1")
+    assert "--atol 0.0001 was given, but for" in err and "give --rtol 0" in err
+
+
+def test_val_range_and_samples_shape_the_generated_inputs(run_cli, files, tmp_path):
+    ref, good, _ = files
+    code, out, err = run_cli("compare", ref, good, "--val-range", "x:[-3,250]", "--samples", "3",
+                             "--save-inputs", tmp_path / "in.npz", "--json", tmp_path / "c.json")
+    assert code == 0, err
+    x = np.load(tmp_path / "in.npz")["x"]
+    assert x.min() >= -3 and x.max() < 250 and x.max() - x.min() > 200  # spans the range
+    assert json.loads((tmp_path / "c.json").read_text())["samples"] == 3
+    assert "3 samples, judged together" in out
+    hist = next(line for line in out.splitlines() if line.startswith("|error| histogram of y"))
+    assert sum(int(c.split(": ")[1]) for c in hist.split(": ", 1)[1].split(", ")) == 3 * 8 * 6 * 6
+    code, _, err = run_cli("compare", ref, good, "--val-range", "x:[5,1]")
+    assert code == 2 and "LO <= HI" in err
+
+
+def test_several_npz_samples_are_judged_together(run_cli, files, tmp_path):
+    ref, good, bad = files
+    for k in range(2):
+        run_cli("compare", ref, good, "--seed", str(k), "--save-inputs", tmp_path / f"s{k}.npz")
+    code, out, err = run_cli("compare", ref, good, "--data-loader-npz", tmp_path / "s0.npz",
+                             "--data-loader-npz", tmp_path / "s1.npz")
+    assert code == 0 and "2 samples" in out, err

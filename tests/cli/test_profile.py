@@ -45,7 +45,7 @@ def test_no_include_transpose(run_cli, flagged):
     assert "  Transpose family 1.0 % (10.0 µs, 1 ops): not included (--include-transpose counts it)" in out
     code, out, _ = run_cli("profile", "analyze", flagged)
     lines = out.splitlines()
-    assert lines[1] == "  TransData 16.0 % (160.0 µs, 7 ops)"
+    assert lines[1] == "  TransData 16.0 % (160 µs, 7 ops)"
     assert lines[2].startswith("  Transpose family 1.0 % (10.0 µs, 1 ops): included in FormatTrans")
     assert lines[3] == "  Cast 1.0 % (10.0 µs, 1 ops): dtype conversion, not FormatTrans"
 

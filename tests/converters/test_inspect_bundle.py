@@ -74,7 +74,7 @@ def test_bundle_summary(bundle_path):
     assert b["memory"]["arena_bytes"] == 2048 and b["transdata_naive_count"] == 3
     assert b["formattrans_share"] == 0.125
     assert b["weights"] == {"count": 1, "bytes": 32 * 16 * 2}
-    assert b["graph"] == {"nodes": 2, "opset": 17}
+    assert b["graph"] == {"nodes": 2, "constant_folded": 0, "opset": 17}
     assert r.op_types == {"MatMul": 1, "Relu": 1}
     assert [(t["name"], t["src_format"], t["dst_format"]) for t in r.layout_ops] == [("trans_x", "ND", "FRACTAL_NZ")]
     assert all(c["ok"] for c in b["integrity"]) and len(b["integrity"]) >= 5
@@ -198,3 +198,18 @@ def reseal(data: bytes, *, manifest: bytes | None = None, graph: bytes | None = 
 def test_reseal_helper_round_trips(bundle_path):
     data = bundle_path.read_bytes()
     assert reseal(data) == data
+
+
+@pytest.mark.realmodel
+def test_inspect_counts_nodes_as_convert_does(real_model, tmp_path):
+    """MiniLM folds its shape computations at compile time: convert and inspect of its bundle must give
+    the same node count (they gave 122 and 354)."""
+    from npu_deploy.converters.convert import convert
+    from npu_deploy.converters.inspect import inspect
+
+    r = convert(real_model("minilm"), tmp_path / "m.bundle", backend="builtin",
+                input_shapes={"input_ids": (1, 32), "attention_mask": (1, 32)})
+    plan = r.plan_report()
+    assert plan.constant_folded > 0
+    v = inspect(tmp_path / "m.bundle").verdict()
+    assert f"{plan.nodes} nodes ({plan.constant_folded} constant-folded)" in v, v

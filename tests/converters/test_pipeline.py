@@ -51,7 +51,8 @@ def test_steps_run_in_order_with_their_contracts(tmp_path):
     seen = []
     ctx = pipeline.lower(src, tmp_path / "m.bundle", ConvertOptions(backend="builtin"),
                          say=lambda stage, fraction: seen.append(stage))
-    assert seen == list(pipeline.STEPS)
+    assert [s for s in seen if s in pipeline.STEPS] == list(pipeline.STEPS)
+    assert any(s.startswith("writing weights") for s in seen)  # the bundle step reports its progress
     assert ctx.bundle.exists() and ctx.plan is not None
 
 

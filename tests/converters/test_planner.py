@@ -243,7 +243,7 @@ def test_pipeline_passes_state_contracts():
     for cls in PIPELINE:
         assert cls.requires and cls.guarantees and cls.name
     # the table is data: every rule kind is one the planner knows
-    kinds = {"5hd", "matmul", "follow", "lastaxis", "view", "concat", "reduce", "nd"}
+    kinds = {"5hd", "matmul", "follow", "lastaxis", "view", "concat", "reduce", "slice", "nd"}
     assert {r.kind for r in FORMAT_RULES.values()} <= kinds
 
 
@@ -689,3 +689,31 @@ def test_verify_plan_checks_every_slot_literally(tmp_path):
     wrong["c"].output_formats[0] = "NCHW"
     with pytest.raises(InternalError, match="c writes output 0"):
         P.verify_plan(state, td, wrong, weights)
+
+
+@pytest.mark.parametrize("axis,stays", [(2, True), (3, True), (1, False)])
+def test_slice_stays_in_nc1hwc0_unless_it_cuts_channels(tmp_path, axis, stays):
+    """Conv -> Slice -> Conv: a Slice of H or W keeps NC1HWC0 (StridedSliceD on 5HD); a Slice of C
+    needs the plain layout (C is split into C1 x C0). Checked by executing the plan against onnxruntime."""
+    import npu_deploy
+    from npu_deploy.runtime.compare import compare
+
+    rng = np.random.default_rng(2)
+    w1 = numpy_helper.from_array(rng.standard_normal((32, 3, 3, 3)).astype(np.float32), "w1")
+    w2 = numpy_helper.from_array(rng.standard_normal((8, 32 if axis != 1 else 16, 3, 3)).astype(np.float32), "w2")
+    cs = [numpy_helper.from_array(np.array(v, np.int64), n) for v, n in
+          (([0], "st"), ([16 if axis == 1 else 4], "en"), ([axis], "ax"))]
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["c1"], name="conv1", pads=[1, 1, 1, 1]),
+             helper.make_node("Slice", ["c1", "st", "en", "ax"], ["s"], name="slice"),
+             helper.make_node("Conv", ["s", "w2"], ["y"], name="conv2", pads=[1, 1, 1, 1])]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], [w1, w2] + cs)
+    path = tmp_path / "s.onnx"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)]), path)
+    p = plan(load_model(path), soc="Ascend310P3", precision_mode="must_keep_origin_dtype")
+    around = [t for t in p.transdata if t.tensor in ("c1", "s")]
+    assert (not around) == stays, [(t.tensor, t.src_format, t.dst_format) for t in around]
+    assert p.node_formats["slice"].output_formats == (["NC1HWC0"] if stays else ["NCHW"])
+    out = tmp_path / "s.bundle"
+    npu_deploy.convert(str(path), output=str(out), backend="builtin", precision_mode="must_keep_origin_dtype")
+    assert compare(path, out)

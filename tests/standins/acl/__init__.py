@@ -29,8 +29,54 @@ def init(config_path: str | None = None) -> int:
         return 100002
     if S.initialized:
         return 100002
+    if config_path:
+        ret = _check_config(config_path)
+        if ret:
+            return ret
+    S.init_config = config_path or None
     S.initialized = True
     S.finalized = False
+    return 0
+
+
+_DUMP_KEYS = {"dump_list", "dump_path", "dump_mode", "dump_op_switch"}
+
+
+def _check_config(config_path: str) -> int:
+    """acl.json as documented (reference/accuracy-debug.md §3): a readable JSON object; a ``dump``
+    section with ``dump_list`` (objects with a ``model_name``), an absolute ``dump_path``,
+    ``dump_mode`` all|input|output and ``dump_op_switch`` on|off. ACL refuses anything else at init
+    (ACL_ERROR_INVALID_PARAM, 100000)."""
+    import json
+    import os
+
+    try:
+        with open(config_path, encoding="utf-8") as f:
+            cfg = json.load(f)
+    except (OSError, ValueError) as e:
+        S.violate(f"acl.init({config_path!r}): not a readable JSON file ({e})")
+        return 100000
+    dump = cfg.get("dump") if isinstance(cfg, dict) else None
+    if not isinstance(cfg, dict) or (dump is not None and not isinstance(dump, dict)):
+        S.violate(f"acl.init({config_path!r}): the config is not a JSON object with a 'dump' object")
+        return 100000
+    if dump is None:
+        return 0
+    problems = [f"unknown key {k!r}" for k in dump if k not in _DUMP_KEYS]
+    lst = dump.get("dump_list")
+    if not isinstance(lst, list) or not all(isinstance(e, dict) and isinstance(e.get("model_name"), str)
+                                            and e["model_name"] for e in lst):
+        problems.append("dump_list must be a list of {'model_name': NAME}")
+    path = dump.get("dump_path")
+    if not isinstance(path, str) or not os.path.isabs(path):
+        problems.append(f"dump_path {path!r} must be an absolute path")
+    if dump.get("dump_mode", "output") not in ("all", "input", "output"):
+        problems.append(f"dump_mode {dump.get('dump_mode')!r} is not all|input|output")
+    if dump.get("dump_op_switch", "off") not in ("on", "off"):
+        problems.append(f"dump_op_switch {dump.get('dump_op_switch')!r} is not on|off")
+    if problems:
+        S.violate(f"acl.init({config_path!r}): " + "; ".join(problems))
+        return 100000
     return 0
 
 

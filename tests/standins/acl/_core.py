@@ -223,6 +223,7 @@ class State:
             self.initialized = False
             self.finalized = False
             self.init_calls = 0
+            self.init_config: str | None = None     # the acl.json path given to acl.init
             self.finalize_calls = 0
             self.devices: dict[int, int] = {}
             self.default_ctx: dict[int, int] = {}

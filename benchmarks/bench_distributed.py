@@ -1,0 +1,258 @@
+"""Benchmarks of batch inference on Ray (``npu_deploy.distributed``) and of cluster profile analysis.
+
+1. ``throughput``: PP-OCR cls (the real model from the test cache, [1,3,48,192]) on 2 emulator actors of
+   one onnxruntime thread each vs one in-process session of one thread, same samples, side by side.
+   Target (issue 14): >= 1.7x.
+2. ``overhead``: Ray's cost per sample on a tiny model (Add + Relu on [1,8]): run_batch on 1 actor vs the
+   same session called in-process. Target: < 1 ms per sample.
+3. ``memory``: 100,000 samples of the tiny model streamed through 2 actors; the driver's RSS sampled as
+   the run goes (backpressure: it must stay flat).
+4. ``cluster``: 64 synthetic ranks x 100,000 kernel rows analysed by ``analyze_cluster`` (2 worker
+   processes) vs analysing one rank's rows 64 times in one process. Targets: < 2x that time, < 300 MB
+   peak RSS per worker.
+
+Ray start-up and actor start-up are excluded from the timed parts (``BatchResult.wall_s`` starts once the
+actors answer) and printed apart. Figures go to ``benchmarks/README-distributed.md`` by hand, with the
+machine load (``os.getloadavg``) printed here.
+
+    python benchmarks/bench_distributed.py [throughput|overhead|memory|cluster ...] [--samples N]
+        [--stream 100000] [--ranks 64] [--rows 100000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+CLS = Path(os.environ.get("NPU_DEPLOY_MODEL_CACHE", Path.home() / ".cache" / "npu-deploy")) / "models" / \
+    "ch_ppocr_mobile_v2.0_cls_infer.onnx"
+
+
+def _rss_mb() -> float:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def _tiny_bundle(d: Path) -> Path:
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    import npu_deploy
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8])
+    w = numpy_helper.from_array(np.ones((1, 8), np.float32), "w")
+    g = helper.make_graph([helper.make_node("Add", ["x", "w"], ["t"]), helper.make_node("Relu", ["t"], ["y"])],
+                          "tiny", [x], [y], [w])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    onnx.save(m, d / "tiny.onnx")
+    npu_deploy.convert(str(d / "tiny.onnx"), output=str(d / "tiny.bundle"), backend="builtin",
+                       precision_mode="must_keep_origin_dtype")
+    return d / "tiny.bundle"
+
+
+def _ray(npus: int) -> float:
+    import ray
+
+    from npu_deploy._ray import quiet_ray_logs
+
+    quiet_ray_logs()
+    t = time.perf_counter()
+    ray.init(resources={"NPU": npus}, num_cpus=os.cpu_count(), include_dashboard=False, logging_level="ERROR",
+             log_to_driver=False)
+    return time.perf_counter() - t
+
+
+def _in_process(bundle: Path, xs: list, threads: int = 1) -> float:
+    from npu_deploy.runtime.distributed import open_session
+
+    s = open_session(bundle, threads=threads)
+    name = s.get_inputs()[0].name
+    s.run(None, {name: xs[0]})  # warm-up, like the actors' first sample
+    t = time.perf_counter()
+    for x in xs:
+        s.run(None, {name: x})
+    return time.perf_counter() - t
+
+
+def bench_throughput(tmp: Path, samples: int) -> None:
+    import npu_deploy
+    from npu_deploy.runtime.distributed import run_batch
+
+    if not CLS.is_file():
+        sys.exit(f"{CLS} missing: run the realmodel tests once (they download it)")
+    bundle = tmp / "cls.bundle"
+    npu_deploy.convert(str(CLS), output=str(bundle), backend="builtin", input_shapes={"x": (1, 3, 48, 192)})
+    rng = np.random.default_rng(0)
+    xs = [rng.standard_normal((1, 3, 48, 192)).astype(np.float32) * 0.5 for _ in range(samples)]
+    rows = []
+    ctx = multiprocessing.get_context("spawn")
+    for rep in range(3):  # alternate the three, take medians
+        one = _in_process(bundle, xs, threads=1)
+        r = run_batch(bundle, xs, npus=2, threads=1, progress=False)
+        # the ceiling at this moment on this machine: two plain processes, no Ray, half the samples each
+        with ctx.Pool(2) as pool:
+            pool.map(_half, [(str(bundle), 8)] * 2)  # start-up and warm-up, not timed
+            two = max(pool.map(_half, [(str(bundle), samples // 2)] * 2))  # the runs only, not the data
+        rows.append((samples / one, samples / r.wall_s, (samples // 2 * 2) / two))
+    a, b, c = (statistics.median(col) for col in zip(*rows))
+    print(f"throughput PP-OCR cls, {samples} samples: 1 session x 1 thread {a:.1f}/s; 2 actors x 1 thread "
+          f"{b:.1f}/s = {b / a:.2f}x (target >= 1.7x); 2 plain processes (no Ray) {c:.1f}/s = {c / a:.2f}x; "
+          f"runs {[tuple(round(v) for v in row) for row in rows]}")
+
+
+def _half(args) -> float:
+    bundle, n = args
+    rng = np.random.default_rng(1)
+    xs = [rng.standard_normal((1, 3, 48, 192)).astype(np.float32) * 0.5 for _ in range(n)]
+    return _in_process(Path(bundle), xs, threads=1)
+
+
+def bench_overhead(tmp: Path, samples: int) -> None:
+    from npu_deploy.runtime.distributed import run_batch
+
+    bundle = _tiny_bundle(tmp)
+    xs = [np.random.default_rng(i).standard_normal((1, 8)).astype(np.float32) for i in range(samples)]
+    rows = []
+    for rep in range(3):
+        local = _in_process(bundle, xs, threads=1) / samples
+        r1 = run_batch(bundle, xs, npus=1, threads=1, progress=False)
+        r2 = run_batch(bundle, xs, npus=2, threads=1, progress=False)
+        rows.append((local, r1.wall_s / samples, r2.wall_s / samples))
+    local, one, two = (statistics.median(c) for c in zip(*rows))
+    print(f"overhead tiny model, {samples} samples: in-process {local * 1e3:.3f} ms/sample; run_batch 1 actor "
+          f"{one * 1e3:.3f} ms/sample (Ray overhead {(one - local) * 1e3:.3f} ms, target < 1 ms); 2 actors "
+          f"{two * 1e3:.3f} ms/sample")
+
+
+def bench_memory(tmp: Path, n: int) -> None:
+    from npu_deploy.runtime.distributed import run_batch
+
+    bundle = _tiny_bundle(tmp)
+    rng = np.random.default_rng(0)
+    marks: dict[int, float] = {}
+    step = max(1, n // 10)
+
+    def source():
+        for _ in range(n):
+            yield rng.standard_normal((1, 8)).astype(np.float32)
+
+    def progress(done, total, failed):
+        k = done // step * step
+        if k and k not in marks:
+            marks[k] = _rss_mb()
+
+    before = _rss_mb()
+    r = run_batch(bundle, source(), npus=2, threads=1, progress=progress)
+    after = _rss_mb()
+    shown = ", ".join(f"{k:,}: {v:.0f}" for k, v in sorted(marks.items()))
+    print(f"memory {n:,} samples on 2 actors in {r.wall_s:.1f} s ({r.throughput_per_s:.0f}/s), {len(r.failures)} "
+          f"failed: driver RSS MB before {before:.0f}, by samples done {{{shown}}}, after {after:.0f}; "
+          f"in flight at most {r.max_in_flight}")
+
+
+# ------------------------------------------------------------------------------------------ cluster
+KD_HEADER = ("Step Id,Model ID,Task ID,Stream ID,Name,Type,Accelerator Core,Start Time(us),Duration(us),"
+             "Wait Time(us),Block Dim,Mix Block Dim,HF32 Eligible,Input Shapes,Input Data Types,Input Formats,"
+             "Output Shapes,Output Data Types,Output Formats,Context ID,aicore_time(us),aic_total_cycles\n")
+
+
+def _write_rank(path: Path, rows: int, rank: int) -> None:
+    """A kernel_details.csv: MatMul / Add / TransData rows; TransData durations depend on the rank."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    rnd = np.random.default_rng(rank)
+    durs = rnd.uniform(5, 50, rows)
+    lines = [KD_HEADER]
+    t = 1.7e15
+    for i in range(rows):
+        k = i % 20
+        if k == 0:
+            name, typ, core = f"trans_TransData_{i}", "TransData", "AI_VECTOR_CORE"
+            fmt_in, fmt_out, d = "NCHW", "NC1HWC0", durs[i] * (1 + rank % 4)
+        elif k < 10:
+            name, typ, core, fmt_in, fmt_out, d = f"MatMul_{i}", "MatMulV2", "AI_CORE", "FRACTAL_NZ", "FRACTAL_NZ", durs[i]
+        else:
+            name, typ, core, fmt_in, fmt_out, d = f"Add_{i}", "Add", "AI_VECTOR_CORE", "ND", "ND", durs[i]
+        lines.append(f'1,4294967295,{i},2,{name},{typ},{core},"{t:.3f}\t",{d:.3f},0,8,0,NO,'
+                     f'"""1,64,56,56""",FLOAT16,{fmt_in},"""1,4,56,56,16""",FLOAT16,{fmt_out},N/A,0,0\n')
+        t += d + 1.0
+    path.write_text("".join(lines))
+
+
+def _timed(code: str) -> tuple[float, str]:
+    t = time.perf_counter()
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    return time.perf_counter() - t, out.strip()
+
+
+def bench_cluster(tmp: Path, ranks: int, rows: int) -> None:
+    top = tmp / "cluster"
+    t = time.perf_counter()
+    for r in range(ranks):
+        _write_rank(top / f"rank_{r}_ascend_pt" / "ASCEND_PROFILER_OUTPUT" / "kernel_details.csv", rows, r)
+    size = sum(p.stat().st_size for p in top.rglob("*.csv")) / 2**20
+    print(f"cluster: wrote {ranks} ranks x {rows:,} rows ({size:.0f} MB) in {time.perf_counter() - t:.0f} s")
+    one = top / "rank_0_ascend_pt"
+    single_code = ("import resource,time;from npu_deploy.profiling.analyze import analyze_profile;"
+                   f"t=time.perf_counter();analyze_profile({str(one)!r});"
+                   "print(time.perf_counter()-t, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss/1024)")
+    cluster_code = ("import resource,time;from npu_deploy.profiling.cluster import analyze_cluster;"
+                    f"t=time.perf_counter();r=analyze_cluster({str(top)!r}, workers=2);"
+                    "print(time.perf_counter()-t, r.max_worker_rss_mb, len(r.analysed()), "
+                    "resource.getrusage(resource.RUSAGE_SELF).ru_maxrss/1024)")
+    singles, clusters = [], []
+    for rep in range(2):
+        _, out = _timed(single_code)
+        s, s_rss = map(float, out.split())
+        singles.append((s, s_rss))
+        _, out = _timed(cluster_code)
+        c, w_rss, n_ok, d_rss = out.split()
+        clusters.append((float(c), float(w_rss), int(n_ok), float(d_rss)))
+    s = statistics.median(x for x, _ in singles)
+    c = statistics.median(x[0] for x in clusters)
+    w = max(x[1] for x in clusters)
+    print(f"cluster {ranks} ranks x {rows:,} rows: one rank {s:.2f} s (x{ranks} = {s * ranks:.1f} s, peak RSS "
+          f"{singles[0][1]:.0f} MB); analyze_cluster 2 workers {c:.1f} s = {c / (s * ranks):.2f}x of {ranks} x one "
+          f"rank (target < 2x); peak worker RSS {w:.0f} MB (target < 300 MB); parent RSS {clusters[0][3]:.0f} MB; "
+          f"ranks analysed {clusters[0][2]}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("what", nargs="*", default=["throughput", "overhead", "memory", "cluster"])
+    ap.add_argument("--samples", type=int, default=3000)
+    ap.add_argument("--overhead-samples", type=int, default=3000)
+    ap.add_argument("--stream", type=int, default=100_000)
+    ap.add_argument("--ranks", type=int, default=64)
+    ap.add_argument("--rows", type=int, default=100_000)
+    args = ap.parse_args()
+    print(f"machine: {platform.platform()}, {os.cpu_count()} CPUs, load average {os.getloadavg()}")
+    with tempfile.TemporaryDirectory(prefix="bench-distributed-") as d:
+        tmp = Path(d)
+        if {"throughput", "overhead", "memory"} & set(args.what):
+            print(f"ray start-up (not timed below): {_ray(2):.1f} s")
+        if "throughput" in args.what:
+            bench_throughput(tmp, args.samples)
+        if "overhead" in args.what:
+            bench_overhead(tmp, args.overhead_samples)
+        if "memory" in args.what:
+            bench_memory(tmp, args.stream)
+        if "cluster" in args.what:
+            bench_cluster(tmp, args.ranks, args.rows)
+        print(f"load average at the end {os.getloadavg()}")
+
+
+if __name__ == "__main__":
+    main()

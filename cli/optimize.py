@@ -1,0 +1,74 @@
+"""``npu-deploy optimize MODEL.onnx -o OUT.onnx``: Ascend graph rewrites, verified and measured.
+
+A thin shell over :func:`npu_deploy.converters.optimize.optimize`. Exit 0 when the output was written
+and every applied rewrite matched the original's outputs; 2 for bad input (nothing written).
+"""
+
+from __future__ import annotations
+
+import click
+
+from npu_deploy._text import printable
+from npu_deploy.cli.options import apply, parse_input_shapes, soc_option, tolerance_options
+from npu_deploy.errors import InputError
+
+
+def _names(text: str | None) -> list[str] | None:
+    if not text:
+        return None
+    return [t.strip() for t in text.split(",") if t.strip()]
+
+
+@click.command("optimize", context_settings={"help_option_names": ["-h", "--help"]})
+@click.argument("model", type=click.Path(dir_okay=False), required=False)
+@click.option("-o", "--output", type=click.Path(dir_okay=False), default=None, help="The rewritten model (.onnx).")
+@click.option("--list", "list_rules", is_flag=True, help="List the rules and exit.")
+@click.option("--rules", default=None, metavar="A,B", help="Run only these rules (default: every rule marked on).")
+@click.option("--skip", default=None, metavar="C,D", help="Do not run these rules.")
+@click.option("--explain", is_flag=True, help="Also show every place a rule matched but did not apply, and why.")
+@click.option("--inputs", type=click.Path(dir_okay=False), default=None,
+              help="Verification inputs (.npz, one array per model input). Default: generated in realistic ranges.")
+@click.option("--input-shape", default=None, metavar="NAME:DIMS;...", help="Shapes for dynamic inputs, e.g. 'x:1,3,224,224'.")
+@soc_option
+@apply(tolerance_options)
+@click.option("--keep-if-faster", is_flag=True,
+              help="Keep only rewrites the built-in cost model estimates as faster.")
+@click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True)
+@click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None, help="Write the report as JSON.")
+def command(model, output, list_rules, rules, skip, explain, inputs, input_shape, soc, atol, rtol, keep_if_faster,
+            seed, json_path):
+    """Rewrite MODEL.onnx so it runs well on Ascend; every rewrite is checked on onnxruntime and measured.
+
+    Example: npu-deploy optimize vad.onnx -o vad.opt.onnx --input-shape input:1,576 --explain
+    """
+    from npu_deploy.converters.optimize import RULES, optimize
+
+    if list_rules:
+        for r in RULES.values():
+            click.echo(f"{r.name:<26} {'on ' if r.default else 'off'}  {r.summary}")
+        return
+    if not model:
+        raise click.UsageError("missing MODEL.onnx (or --list)")
+    if not output:
+        raise click.UsageError("missing -o OUT.onnx")
+    for v, name in ((atol, "--atol"), (rtol, "--rtol")):
+        if v is not None and not (v >= 0 and v != float("inf")):
+            raise InputError(f"{name} {v} must be finite and >= 0")
+    res = optimize(model, output, rules=_names(rules), skip=_names(skip), inputs=inputs,
+                   input_shapes=parse_input_shapes(input_shape), soc=soc, atol=atol, rtol=rtol,
+                   keep_if_faster=keep_if_faster, seed=seed, report=json_path)
+    click.echo(printable(f"optimize {model} -> {output} ({res.soc})"))
+    for a in res.applications:
+        if a.status == "not applicable" and not explain:
+            continue
+        line = f"  {a.status:<14} {a.rule} at {a.where}"
+        if a.status == "applied":
+            line += (f": TransData {a.before['transdata']} -> {a.after['transdata']}, AI CPU {a.before['ai_cpu']} -> "
+                     f"{a.after['ai_cpu']}")
+        if a.reason:
+            line += f": {a.reason}"
+        click.echo(printable(line))
+    click.echo(res.table())
+    if json_path:
+        click.echo(f"json written: {json_path}")
+    click.echo(res.verdict())

@@ -1,0 +1,17 @@
+"""Batch inference over many NPUs on Ray: ``npu_deploy.runtime.distributed`` under its public name.
+
+>>> from npu_deploy.distributed import run_batch        # doctest: +SKIP
+
+Needs Ray: ``pip install 'npu-deploy[ray]'`` (imported when a run starts, not here).
+"""
+
+from npu_deploy.runtime.distributed import (  # noqa: F401
+    BatchResult,
+    NpuStats,
+    SampleFailure,
+    device_id_for,
+    input_files,
+    run_batch,
+)
+
+__all__ = ["run_batch", "BatchResult", "NpuStats", "SampleFailure", "device_id_for", "input_files"]

@@ -1,0 +1,358 @@
+"""Batch inference on Ray (npu_deploy.distributed): one local Ray cluster declaring 2 NPUs for the module.
+
+The oracle for every output is an in-process InferenceSession on the same bundle (results must be
+identical, in input order), and for the tiny model also the arithmetic itself (relu(x + w) in fp16).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+ray = pytest.importorskip("ray", reason="needs Ray: pip install 'npu-deploy[ray]'")
+
+import npu_deploy  # noqa: E402
+from npu_deploy.distributed import BatchResult, run_batch  # noqa: E402
+from npu_deploy.errors import ExternalError, InputError, ModelError  # noqa: E402
+from npu_deploy import _ray as R  # noqa: E402
+from npu_deploy.runtime import distributed as D  # noqa: E402
+
+NPUS = 2
+STANDINS = Path(__file__).resolve().parents[1] / "standins"
+W = np.arange(8, dtype=np.float32).reshape(1, 8) - 3.0
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    """One local Ray cluster for the whole module (start-up costs seconds: never per test)."""
+    R.quiet_ray_logs()
+    # the actors see the ACL stand-in as `acl` (only an .om model imports it): the device path's test
+    path = os.pathsep.join(p for p in (str(STANDINS), os.environ.get("PYTHONPATH", "")) if p)
+    ray.init(resources={"NPU": NPUS}, num_cpus=2, include_dashboard=False, logging_level="ERROR",
+             log_to_driver=False, runtime_env={"env_vars": {"PYTHONPATH": path}})
+    try:
+        yield
+    finally:
+        ray.shutdown()
+
+
+def _tiny_onnx(path, n_inputs=1):
+    ins = [helper.make_tensor_value_info(f"x{i}" if n_inputs > 1 else "x", TensorProto.FLOAT, [1, 8])
+           for i in range(n_inputs)]
+    nodes, last = [], ins[0].name
+    for i, vi in enumerate(ins[1:]):
+        nodes.append(helper.make_node("Add", [last, vi.name], [f"s{i}"]))
+        last = f"s{i}"
+    nodes += [helper.make_node("Add", [last, "w"], ["t"]), helper.make_node("Relu", ["t"], ["y"])]
+    outs = [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8])]
+    g = helper.make_graph(nodes, "tiny", ins, outs, [numpy_helper.from_array(W, "w")])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    onnx.save(m, path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    d = tmp_path_factory.mktemp("tiny")
+    onnx_path = _tiny_onnx(d / "tiny.onnx")
+    bundle = d / "tiny.bundle"
+    npu_deploy.convert(str(onnx_path), output=str(bundle), backend="builtin", precision_mode="must_keep_origin_dtype")
+    return bundle
+
+
+def _single_session(bundle, xs):
+    with npu_deploy.InferenceSession(bundle) as s:
+        name = s.get_inputs()[0].name
+        return [s.run(None, {name: x})[0] for x in xs]
+
+
+def _samples(n, seed=0):
+    rng = np.random.default_rng(seed)
+    return [rng.standard_normal((1, 8)).astype(np.float32) for _ in range(n)]
+
+
+def test_iterable_results_in_order_and_identical_to_one_session(cluster, tiny):
+    xs = _samples(300)
+    got = []
+    r = run_batch(tiny, xs, npus=NPUS, on_result=lambda sid, outs: got.append((sid, outs[0])), progress=False)
+    assert r and r.ok == 300 and r.samples == 300 and not r.failures
+    assert [sid for sid, _ in got] == [f"{i:06d}" for i in range(300)]
+    ref = _single_session(tiny, xs)
+    for (_, y), want, x in zip(got, ref, xs):
+        np.testing.assert_array_equal(y, want)
+        np.testing.assert_allclose(y, np.maximum(x + W, 0), atol=1e-6)
+    # both NPUs took work, and the summary accounts for every sample
+    assert len(r.workers) == NPUS and all(w.samples > 0 for w in r.workers)
+    assert sum(w.samples for w in r.workers) == 300
+    assert sorted(w.device for w in r.workers) == ["0", "1"]
+    assert all(w.latency is not None and w.latency.p50_ms <= w.latency.p99_ms for w in r.workers)
+    back = BatchResult.load(json.loads(r.to_json()))
+    assert back.workers[0].latency.count == r.workers[0].latency.count and back.verdict() == r.verdict()
+
+
+def test_folder_bad_samples_are_reported_by_id_and_the_rest_written(cluster, tiny, tmp_path):
+    src, out = tmp_path / "in", tmp_path / "out"
+    src.mkdir()
+    xs = _samples(12, seed=1)
+    for i, x in enumerate(xs):
+        np.save(src / f"s{i:03d}.npy", x)
+    (src / "s004.npy").write_bytes(b"\x93NUMPY garbage")             # not a readable .npy
+    np.save(src / "s007.npy", np.zeros((2, 8), np.float32))         # wrong shape: fails in the actor
+    np.savez(src / "s100.npz", x=xs[0])                               # one-member .npz for a one-input model
+    (src / "notes.txt").write_text("not a sample")
+    r = run_batch(tiny, src, npus=NPUS, output=out, progress=False)
+    assert not r
+    assert [f.id for f in r.failures] == ["s004.npy", "s007.npy"]
+    assert "s004.npy" not in r.failures[1].error and ".npy" in r.failures[0].error
+    assert "notes.txt" in r.warnings[0]
+    written = sorted(p.name for p in out.iterdir())
+    assert written == sorted([f"s{i:03d}.npy" for i in range(12) if i not in (4, 7)] + ["s100.npy"])
+    ref = _single_session(tiny, xs)
+    for i in (0, 3, 11):
+        np.testing.assert_array_equal(np.load(out / f"s{i:03d}.npy"), ref[i])
+    np.testing.assert_array_equal(np.load(out / "s100.npy"), ref[0])
+    assert not list(out.glob(".*.part"))
+
+
+def test_in_flight_is_bounded(cluster, tiny):
+    pulled = [0]
+    worst = [0]
+    delivered = [0]
+
+    def source():
+        for x in _samples(200, seed=2):
+            pulled[0] += 1
+            yield x
+
+    def seen(sid, outs):
+        delivered[0] += 1
+        worst[0] = max(worst[0], pulled[0] - delivered[0])
+
+    r = run_batch(tiny, source(), npus=NPUS, max_in_flight=5, on_result=seen, progress=False)
+    assert r.ok == 200 and r.max_in_flight == 5
+    assert 1 <= worst[0] <= 5  # never more than the window read and not yet delivered
+
+
+def test_a_killed_actor_is_restarted_and_its_samples_retried(cluster, tiny):
+    xs = _samples(400, seed=3)
+    killed = []
+
+    def progress(done, total, failed):
+        if done >= 40 and not killed:
+            names = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
+                     if a["name"].startswith(D.WORKER_PREFIX)]
+            victim = sorted(names)[0]
+            ray.kill(ray.get_actor(victim), no_restart=False)
+            killed.append(victim)
+            time.sleep(0.2)  # let the death land while samples are in flight on it
+
+    got = {}
+    r = run_batch(tiny, xs, npus=NPUS, on_result=lambda sid, outs: got.__setitem__(sid, outs[0]),
+                  progress=progress)
+    assert killed
+    assert r and r.ok == 400, r.failures[:3]
+    assert any(w.restarted for w in r.workers)
+    ref = _single_session(tiny, xs)
+    for i in range(400):
+        np.testing.assert_array_equal(got[f"{i:06d}"], ref[i])
+
+
+def test_asking_for_more_npus_than_the_cluster_has_says_how_many(cluster, tiny):
+    with pytest.raises(InputError, match=r"has 2 NPUs"):
+        run_batch(tiny, _samples(2), npus=5, progress=False)
+
+
+def test_an_address_that_does_not_answer_is_an_environment_error(tiny):
+    import socket
+
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    t0 = time.monotonic()
+    with pytest.raises(ExternalError, match="does not answer") as e:
+        run_batch(tiny, _samples(1), npus=1, address=f"127.0.0.1:{port}")
+    assert e.value.exit_code == 3
+    assert time.monotonic() - t0 < R.connect_timeout() + 5  # bounded, not Ray's minute-long retries
+
+
+def test_bad_model_and_bad_options_are_input_errors(cluster, tiny, tmp_path):
+    onnx_path = _tiny_onnx(tmp_path / "m.onnx")
+    with pytest.raises(ModelError, match="convert it first"):
+        run_batch(onnx_path, _samples(1), npus=1)
+    with pytest.raises(InputError, match="must be at least 1"):
+        run_batch(tiny, _samples(1), npus=0)
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(InputError, match="no .npy or .npz"):
+        run_batch(tiny, empty, npus=1)
+    with pytest.raises(InputError, match="is the input folder"):
+        run_batch(tiny, empty, npus=1, output=empty)
+
+
+def test_npz_members_feed_a_multi_input_model(cluster, tmp_path):
+    bundle = tmp_path / "two.bundle"
+    npu_deploy.convert(str(_tiny_onnx(tmp_path / "two.onnx", n_inputs=2)), output=str(bundle),
+                       backend="builtin", precision_mode="must_keep_origin_dtype")
+    src, out = tmp_path / "in", tmp_path / "out"
+    src.mkdir()
+    a, b = _samples(2, seed=4)
+    np.savez(src / "good.npz", x0=a, x1=b)
+    np.savez(src / "wrong.npz", x0=a, z=b)
+    np.save(src / "single.npy", a)
+    r = run_batch(bundle, src, npus=NPUS, output=out, progress=False)
+    assert sorted(f.id for f in r.failures) == ["single.npy", "wrong.npz"]
+    assert "x1" in next(f.error for f in r.failures if f.id == "wrong.npz")
+    np.testing.assert_allclose(np.load(out / "good.npy"), np.maximum(a + b + W, 0), atol=1e-6)
+
+
+def test_cli_run_npus_writes_one_file_per_sample(cluster, tiny, tmp_path, run_cli):
+    src, out = tmp_path / "in", tmp_path / "out"
+    src.mkdir()
+    xs = _samples(6, seed=5)
+    for i, x in enumerate(xs):
+        np.save(src / f"{i}.npy", x)
+    code, stdout, stderr = run_cli("run", tiny, "--input-dir", src, "--output", out, "--npus", "2",
+                                   "--json", tmp_path / "batch.json")
+    assert code == 0, stderr
+    assert "6 samples on 2 NPUs" in stdout.strip().splitlines()[-1]
+    ref = _single_session(tiny, xs)
+    for i in range(6):
+        np.testing.assert_array_equal(np.load(out / f"{i}.npy"), ref[i])
+    assert json.loads((tmp_path / "batch.json").read_text())["ok"] is True
+    code, _, stderr = run_cli("run", tiny, "--input-dir", src, "--output", tmp_path / "o2", "--npus", "9")
+    assert code == 2 and "has 2 NPUs" in stderr and len(stderr.strip().splitlines()) == 1
+    code, _, stderr = run_cli("run", tiny, "--npus", "2")
+    assert code == 2 and "--input-dir" in stderr
+    code, _, stderr = run_cli("run", tiny, "--npus", "2", "--input-dir", src, "--input", src / "0.npy")
+    assert code == 2 and "--input is for one run" in stderr
+
+
+def test_device_id_follows_the_visibility_variable():
+    assert D.device_id_for([], {}) == 0
+    assert D.device_id_for(["5"], {"ASCEND_RT_VISIBLE_DEVICES": "5"}) == 0
+    assert D.device_id_for(["5"], {"ASCEND_RT_VISIBLE_DEVICES": "4,5"}) == 1
+    assert D.device_id_for(["5"], {"ASCEND_RT_VISIBLE_DEVICES": "0,1,2,3,4,5,6,7",
+                                   "RAY_EXPERIMENTAL_NOSET_ASCEND_RT_VISIBLE_DEVICES": "1"}) == 5
+
+
+@pytest.mark.realmodel
+@pytest.mark.slow
+def test_ppocr_cls_over_two_npus_matches_one_session(cluster, real_model, tmp_path):
+    bundle = tmp_path / "cls.bundle"
+    npu_deploy.convert(str(real_model("ppocr_cls")), output=str(bundle), backend="builtin",
+                       input_shapes={"x": (1, 3, 48, 192)})
+    rng = np.random.default_rng(6)
+    xs = [rng.standard_normal((1, 3, 48, 192)).astype(np.float32) * 0.5 for _ in range(16)]
+    got = {}
+    r = run_batch(bundle, xs, npus=NPUS, threads=1, on_result=lambda sid, o: got.__setitem__(sid, o),
+                  progress=False)
+    assert r and r.ok == 16
+    with npu_deploy.InferenceSession(bundle) as s:
+        for i, x in enumerate(xs):
+            for a, b in zip(got[f"{i:06d}"], s.run(None, {"x": x})):
+                np.testing.assert_array_equal(a, b)
+
+
+def test_cluster_profiles_parsed_as_ray_tasks_match_the_process_pool(cluster, tmp_path):
+    from npu_deploy.profiling.cluster import analyze_cluster
+    from tests.profiling.helpers import op, td, write_csv
+
+    for r in range(3):
+        rows = [op(f"Conv_{i}", "Conv2D", "AI_CORE", "100.0") for i in range(10)]
+        rows += [td(f"td_{i}", "NCHW", "NC1HWC0", "1,64,56,56", "1,4,56,56,16", f"{5.0 * (r + 1):.1f}")
+                 for i in range(3)]
+        write_csv(tmp_path / f"rank_{r}_ascend_pt" / "ASCEND_PROFILER_OUTPUT" / "kernel_details.csv", rows,
+                  style="kernel_details")
+    (tmp_path / "rank_3_ascend_pt").mkdir()
+    on_ray = analyze_cluster(tmp_path, address="auto")
+    local = analyze_cluster(tmp_path, workers=1)
+    assert on_ray.executor == "Ray at auto"
+    key = lambda rep: [(r.rank, r.ok, r.compute_us, r.formattrans_pct) for r in rep.ranks]  # noqa: E731
+    assert key(on_ray) == key(local)
+    assert on_ray.ranks[1].formattrans_pct == pytest.approx(100 * 30.0 / 1030.0)
+    assert on_ray.slowest_rank == "rank_2_ascend_pt" and not on_ray.ranks[3].ok
+
+
+def test_latency_summary_is_exact_where_it_can_be_and_bounded_in_memory(monkeypatch):
+    from npu_deploy.runtime.bench import latency_stats
+
+    xs = list(np.random.default_rng(7).exponential(0.002, 5000))
+    full = D._Latencies(seed=0)
+    for x in xs:
+        full.add(x)
+    want = latency_stats(xs)
+    got = full.stats()
+    for f in ("count", "min_ms", "max_ms", "p50_ms", "p99_ms"):
+        assert getattr(got, f) == pytest.approx(getattr(want, f)), f
+    monkeypatch.setattr(D, "LATENCY_SAMPLE", 500)
+    small = D._Latencies(seed=0)
+    for x in xs:
+        small.add(x)
+    s = small.stats()
+    assert len(small.sample) == 500
+    assert s.count == 5000 and s.mean_ms == pytest.approx(want.mean_ms) and s.max_ms == pytest.approx(want.max_ms)
+    assert s.p50_ms == pytest.approx(want.p50_ms, rel=0.2)  # a uniform sample of the runs
+
+
+def test_a_model_the_workers_cannot_open_is_one_clear_error(cluster, tiny, tmp_path):
+    broken = tmp_path / "broken.bundle"
+    broken.write_bytes(tiny.read_bytes()[:200])  # the bundle's magic, then nothing
+    with pytest.raises((npu_deploy.BundleError, ExternalError)) as e:
+        run_batch(broken, _samples(2), npus=NPUS, progress=False)
+    assert "\n" not in str(e.value) and "broken.bundle" in str(e.value)
+    assert not [a for a in ray.util.list_named_actors(all_namespaces=True) if a["name"].startswith(D.WORKER_PREFIX)]
+
+
+def test_an_om_runs_through_acl_on_each_actors_device_stand_in_only(cluster, tmp_path):
+    """The device path, verified against the ACL stand-in only (tests/standins/acl), not on hardware: each
+    actor opens the .om on the device Ray gave it (logical 0 behind ASCEND_RT_VISIBLE_DEVICES)."""
+    from tests.standins.omfile import build_om, tensor
+
+    om = build_om(tmp_path / "m.om", inputs=[tensor("x", "float32", [2, 4], "ND")],
+                  outputs=[tensor("y", "uint8", [16], "ND")])
+    rng = np.random.default_rng(8)
+    xs = [rng.standard_normal((2, 4)).astype(np.float32) for _ in range(10)]
+    got = {}
+    r = run_batch(om, xs, npus=NPUS, on_result=lambda sid, o: got.__setitem__(sid, o[0]), progress=False)
+    assert r and r.backend == "acl" and sorted(w.device for w in r.workers) == ["0", "1"]
+    for i, x in enumerate(xs):  # the stand-in's documented output: byte k = (7k + sum(input bytes) % 251) % 127
+        s = sum(np.ascontiguousarray(x).tobytes()) % 251
+        np.testing.assert_array_equal(got[f"{i:06d}"], [(7 * k + s) % 127 for k in range(16)])
+
+
+def test_progress_bar_only_when_asked_or_on_a_terminal(cluster, tiny, capsys):
+    run_batch(tiny, _samples(20), npus=NPUS, progress=None)  # stderr is captured here: not a terminal
+    assert capsys.readouterr().err == ""
+    run_batch(tiny, _samples(20), npus=NPUS, progress=True)
+    err = capsys.readouterr().err
+    assert err.endswith("\n") and "20/20" in err and "/s on 2 NPUs" in err
+
+
+def test_an_address_where_something_else_listens_fails_in_bounded_time_in_one_line(tiny, tmp_path):
+    import socket
+    import subprocess
+    import sys
+
+    src = tmp_path / "in"
+    src.mkdir()
+    np.save(src / "a.npy", _samples(1)[0])
+    with socket.socket() as s:  # accepts connections (the kernel's backlog) but speaks no Ray
+        s.bind(("127.0.0.1", 0))
+        s.listen(8)
+        port = s.getsockname()[1]
+        env = dict(os.environ, NPU_DEPLOY_RAY_TIMEOUT="5")
+        proc = subprocess.run([sys.executable, "-m", "npu_deploy.cli.main", "run", str(tiny), "--input-dir", str(src),
+                               "--output", str(tmp_path / "out"), "--ray-address", f"127.0.0.1:{port}"],
+                              capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == 3, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "not as Ray within 5 s" in lines[0], lines[:3]
+    assert not (tmp_path / "out").exists()
