@@ -112,6 +112,11 @@ def compare_command(ctx, model, dumps, bundle, om, inputs, input_files, cosine_m
 @click.option("--mode", type=click.Choice(["force_fp16", "allow_mix_precision"]), default="force_fp16",
               show_default=True, help="The precision mode the model is converted with.")
 @click.option("--by-type", is_flag=True, help="Keep op types (OpType::X entries) rather than single ops.")
+@click.option("--backend", type=click.Choice(["emulator", "atc"]), default="emulator", show_default=True,
+              help="Where candidates run: the CPU emulator's float16 emulation, or (on a CANN host) ATC + ACL "
+                   "on the device. ATC + ACL: verified against stand-ins only.")
+@click.option("--atc", "atc_path", default=None, metavar="PATH",
+              help="The atc executable for --backend atc (default: found on PATH or $ASCEND_TOOLKIT_HOME).")
 @soc_option
 @click.option("-o", "--output", default=None, metavar="keep_dtype.cfg",
               help="Write the keep list as ATC's --keep_dtype file (also taken by convert --keep-dtype).")
@@ -122,12 +127,15 @@ def compare_command(ctx, model, dumps, bundle, om, inputs, input_files, cosine_m
                    "removed when the search completes).")
 @click.option("--progress/--no-progress", default=None, help="Progress lines on stderr (default: on a terminal).")
 @click.pass_context
-def precision_command(ctx, model, inputs, samples, seed, input_shape, cosine, max_abs, mode, by_type, soc, output,
-                      json_path, checkpoint, progress):
+def precision_command(ctx, model, inputs, samples, seed, input_shape, cosine, max_abs, mode, by_type, backend,
+                      atc_path, soc, output, json_path, checkpoint, progress):
     """Find a small set of ops of MODEL.onnx to keep in float32 so that it reaches the target under --mode.
 
     The search (bisection over the topologically ordered ops, then a greedy prune) runs on the CPU
-    emulator's float16 emulation. Exit 0 when the target is reached, 1 when it cannot be.
+    emulator's float16 emulation; with --backend atc each candidate is compiled by ATC (--keep_dtype) and
+    run through ACL instead (ATC + ACL: verified against stand-ins only; the latency figures stay the
+    cost model's estimates). Exit 0 when the target is reached, 1 when it cannot be, 3 when ATC or the
+    device fails.
 
     Example: npu-deploy debug precision model.onnx --cosine 0.999 -o keep_dtype.cfg &&
     npu-deploy convert model.onnx --keep-dtype keep_dtype.cfg
@@ -148,9 +156,11 @@ def precision_command(ctx, model, inputs, samples, seed, input_shape, cosine, ma
     say = (lambda text: click.echo(printable(text), err=True)) if show else None
     search = PrecisionSearch(model, samples=load_samples(inputs) if inputs else None, n_samples=samples, seed=seed,
                              input_shapes=shapes or None, mode=mode, cosine=cosine, max_abs=max_abs, by_type=by_type,
-                             soc=soc, checkpoint=checkpoint, progress=say)
+                             soc=soc, checkpoint=checkpoint, progress=say, backend=backend, atc=atc_path)
+    where = "ATC + ACL (verified against stand-ins only)" if backend == "atc" else "emulator"
     click.echo(printable(f"model: {model}; {mode}; {len(search.candidates)} candidate "
-                         f"{'op types' if by_type else 'ops'} in float16; {len(search.samples)} sample(s)"))
+                         f"{'op types' if by_type else 'ops'} in float16; {len(search.samples)} sample(s); "
+                         f"judged on {where}"))
     try:
         res = search.run()
     except (Interrupted, KeyboardInterrupt):

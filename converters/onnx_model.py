@@ -242,7 +242,7 @@ def load_model(path: str | os.PathLike, *, input_shapes: Mapping[str, Sequence[i
                                  hint="fix the export (onnx.checker rejects it)") from None
             warnings.append(_body_warning(ops))
     opset = _opset(model)
-    _name_nodes(model.graph)
+    name_nodes(model.graph)
 
     init_names = {t.name for t in model.graph.initializer}
     graph_inputs = [i for i in model.graph.input if i.name not in init_names]
@@ -464,7 +464,7 @@ def _infer_shapes(model: onnx.ModelProto, warnings: list[str]) -> onnx.ModelProt
         return onnx.shape_inference.infer_shapes(model, strict_mode=False, data_prop=True)
 
 
-def _name_nodes(graph: onnx.GraphProto, seen: set[str] | None = None) -> None:
+def name_nodes(graph: onnx.GraphProto, seen: set[str] | None = None) -> None:
     """Give every node a unique name (``<op_type>_<index>`` for unnamed ones), unique across the
     whole model, If/Loop/Scan bodies included: reports and the bundle manifest key nodes by name.
     Names carry no semantics in ONNX. Top-level nodes are named first, so theirs never change
@@ -479,7 +479,7 @@ def _name_nodes(graph: onnx.GraphProto, seen: set[str] | None = None) -> None:
     for n in graph.node:
         for a in n.attribute:
             for g in ([a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs)):
-                _name_nodes(g, seen)
+                name_nodes(g, seen)
 
 
 def _first_line(e: BaseException) -> str:

@@ -15,8 +15,16 @@ application at fault is the one rolled back. For every step:
    original's within tolerances: a rewrite that changes the numbers is rolled back and reported;
 3. plans it with the built-in lowering (``pipeline.lower(..., until="plan from ONNX")``) and records
    planned TransData, AI CPU ops and estimated time before and after; with ``keep_if_faster`` an
-   application the cost model says does not pay off is rolled back too (the cost model's verdict
-   only: measuring ATC + ACL on a device is not implemented).
+   application the cost model says does not pay off is rolled back too ("not faster");
+4. with ``keep_if_faster`` and a ``device_timer`` (``optimize --measure atc``:
+   :class:`npu_deploy.runtime.device_time.AtcAclTimer`), a step the cost model accepts is also
+   compiled by ATC and timed on the device through ACL, before and after (median compute time of
+   N runs after a warm-up; each model compiled and timed once): it is kept only when the device
+   time drops by more than :data:`NOISE_MARGIN_PCT` (2 %), else it is "not faster" even though the
+   cost model liked it. Both times are in the step's ``device`` record and the result's
+   ``measured_by`` says what judged. This path is measured with ATC + ACL: verified against
+   stand-ins only (the ATC and pyACL stand-ins of ``tests/standins``; no real Ascend device has run
+   it yet).
 
 Rewrites keep the model's dynamic dimensions: sizes seen only on the verification inputs are never
 baked in (a rule that needs a static size checks the model's own declared shapes, :meth:`View.declared`).
@@ -37,12 +45,13 @@ baked in (a rule that needs a static size checks the model's own declared shapes
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import math
 import os
 import tempfile
 from collections import defaultdict
 from pathlib import Path
-from typing import Any, Callable, ClassVar, Iterable, Mapping, Sequence
+from typing import Any, Callable, ClassVar, Iterable, Mapping, Protocol, Sequence
 
 import numpy as np
 import onnx
@@ -52,13 +61,18 @@ from npu_deploy import _io
 from npu_deploy._result import Result
 from npu_deploy.converters import pipeline
 from npu_deploy.converters.options import DEFAULT_SOC, ConvertOptions
-from npu_deploy.errors import InputError, ModelError, NpuDeployError
+from npu_deploy.errors import AtcError, InputError, InternalError, ModelError, NpuDeployError
 
 DEFAULT_ATOL = 1e-4
 DEFAULT_RTOL = 1e-3
 MAX_APPLICATIONS_PER_RULE = 64
 LARGE_KERNEL = 192          # the reference: kernel dims above ~192 exceed the cube's tiling
 AVGPOOL_LIMIT = 255         # the ISA limit on kernel h*w
+# A step timed on the device must gain more than this share of compute time to count as faster:
+# medians of repeated runs still differ between two loads of a model (launch jitter, clock states).
+# 2 % is an assumption, not a figure measured on a device here.
+NOISE_MARGIN_PCT = 2.0
+COST_MODEL = "built-in planner and cost model"
 
 _UNARY_ELEMENTWISE = {"Relu", "Sigmoid", "Tanh", "Sqrt", "Abs", "Exp", "Neg", "LeakyRelu", "HardSigmoid",
                       "Elu", "Softplus", "Erf", "Log", "Reciprocal", "HardSwish", "Identity", "Selu",
@@ -1477,6 +1491,62 @@ def _pct(before: float | None, after: float | None) -> float | None:
     return 100.0 * (after - before) / before
 
 
+def device_faster(before_ms: float, after_ms: float, margin_pct: float = NOISE_MARGIN_PCT) -> bool:
+    """True when the device time dropped by more than ``margin_pct`` percent of ``before_ms``.
+
+    >>> device_faster(10.0, 9.7), device_faster(10.0, 9.9), device_faster(10.0, 10.5)
+    (True, False, False)
+    """
+    return after_ms < before_ms * (1.0 - margin_pct / 100.0)
+
+
+class DeviceTimer(Protocol):
+    """What ``optimize_model(device_timer=...)`` needs: ``timer(onnx_path, feeds, shapes, soc) -> ms``
+    (device compute time of the model saved at ``onnx_path``; it may write next to it), ``runs`` (the
+    timed runs behind each figure), ``measured_by`` (the label of its figures) and, optionally,
+    ``check()`` raising when its tools are missing. :class:`npu_deploy.runtime.device_time.AtcAclTimer`
+    is the ATC + ACL one."""
+
+    runs: int
+    measured_by: str
+
+    def __call__(self, onnx_path: Path, feeds: Mapping[str, np.ndarray], shapes: Mapping[str, Sequence[int]],
+                 soc: str) -> float: ...
+
+
+class _DeviceTimes:
+    """The device timer's figure per model: each distinct model is saved, compiled and timed once."""
+
+    def __init__(self, timer: DeviceTimer, workdir: Path, feeds, shapes, soc: str, say: Callable[[str], None]):
+        self.timer, self.dir, self.feeds, self.shapes, self.soc, self.say = timer, workdir, feeds, shapes, soc, say
+        self.runs = int(getattr(timer, "runs", 0)) or None
+        self._ms: dict[str, float] = {}
+        self._tried = 0   # folders made (a model ATC could not compile has one, and no figure)
+
+    @staticmethod
+    def _key(model: onnx.ModelProto) -> str:
+        return hashlib.sha256(model.SerializeToString(deterministic=True)).hexdigest()
+
+    def known(self, model: onnx.ModelProto) -> float | None:
+        return self._ms.get(self._key(model))
+
+    def ms(self, model: onnx.ModelProto, what: str) -> float:
+        key = self._key(model)
+        if key not in self._ms:
+            d = self.dir / f"device-{self._tried}"
+            self._tried += 1
+            d.mkdir()
+            path = d / "model.onnx"
+            onnx.save(model, path)
+            self.say(f"timing {what} on the device")
+            ms = float(self.timer(path, self.feeds, self.shapes, self.soc))
+            if not (math.isfinite(ms) and ms >= 0):
+                raise InternalError(f"the device timer {type(self.timer).__name__} returned {ms} ms for {what}: "
+                                    f"a device time is a finite, non-negative number of milliseconds")
+            self._ms[key] = ms
+        return self._ms[key]
+
+
 # ------------------------------------------------------------------------------------------ result
 @dataclasses.dataclass
 class Application:
@@ -1491,6 +1561,8 @@ class Application:
     before: dict | None = None
     after: dict | None = None
     max_abs_diff: float | None = None
+    #: with a device timer: ``{"before_ms", "after_ms", "runs", "change_pct"}`` (median compute times)
+    device: dict | None = None
 
 
 @dataclasses.dataclass
@@ -1513,6 +1585,11 @@ class OptimizeResult(Result):
     applications: list = dataclasses.field(default_factory=list)
     keep_if_faster: bool = False
     outputs_match: bool = True
+    #: what judged ``keep_if_faster``: the cost model, or also the device timer (its label)
+    measured_by: str = COST_MODEL
+    #: with a device timer: the original's and the output's device time ``{"before_ms", "after_ms",
+    #: "runs", "margin_pct"}`` (None when no step reached the device)
+    device: dict | None = None
 
     @classmethod
     def from_dict(cls, d: dict) -> "OptimizeResult":
@@ -1538,15 +1615,18 @@ class OptimizeResult(Result):
         return out
 
     def table(self) -> str:
-        rows = [("rule", "applied", "not applicable", "rolled back / not faster", "TransData", "AI CPU", "est. us")]
+        timed = any(a.device for a in self.applications)
+        rows = [("rule", "applied", "not applicable", "rolled back / not faster", "TransData", "AI CPU", "est. us")
+                + (("device ms",) if timed else ())]
         for rule, counts in self.per_rule().items():
             apps = [a for a in self.applied() if a.rule == rule and a.before is not None]
             td = sum(a.after["transdata"] - a.before["transdata"] for a in apps)
             cpu = sum(a.after["ai_cpu"] - a.before["ai_cpu"] for a in apps)
             us = sum((a.after["est_us"] or 0) - (a.before["est_us"] or 0) for a in apps)
+            ms = sum(a.device["after_ms"] - a.device["before_ms"] for a in apps if a.device)
             rows.append((rule, str(counts.get("applied", 0)), str(counts.get("not applicable", 0)),
                          str(counts.get("rolled back", 0) + counts.get("not faster", 0)),
-                         f"{td:+d}", f"{cpu:+d}", f"{us:+.1f}"))
+                         f"{td:+d}", f"{cpu:+d}", f"{us:+.1f}") + ((f"{ms:+.3f}",) if timed else ()))
         widths = [max(len(r[k]) for r in rows) for k in range(len(rows[0]))]
         return "\n".join("  ".join(c.ljust(w) if k == 0 else c.rjust(w) for k, (c, w) in
                                    enumerate(zip(r, widths))) for r in rows)
@@ -1559,32 +1639,43 @@ class OptimizeResult(Result):
         slow = sum(1 for a in self.applications if a.status == "not faster")
         tail = "outputs match" if self.outputs_match else "OUTPUTS DIFFER"
         extra = (f", {back} rolled back" if back else "") + (f", {slow} not faster" if slow else "")
+        dev = ""
+        if self.device:
+            b, a = self.device["before_ms"], self.device["after_ms"]
+            dpct = _pct(b, a)
+            dev = f", device {b:.3f} -> {a:.3f} ms" + ("" if dpct is None else f", {dpct:+.0f} %") \
+                + " (ATC + ACL, stand-in verified only)"
         return (f"{n} rewrite{'s' if n != 1 else ''}{extra}, TransData {self.before['transdata']} -> "
                 f"{self.after['transdata']}, AI CPU {self.before['ai_cpu']} -> {self.after['ai_cpu']}, "
-                f"{est}, {tail}")
+                f"{est}{dev}, {tail}")
 
 
 # ------------------------------------------------------------------------------------------ driver
 def _name_nodes(model: onnx.ModelProto) -> None:
-    seen: set[str] = set()
-    for k, n in enumerate(model.graph.node):
-        if not n.name or n.name in seen:
-            base = n.name or f"{n.op_type}_{k}"
-            name, j = base, 0
-            while name in seen:
-                j += 1
-                name = f"{base}_{j}"
-            n.name = name
-        seen.add(n.name)
+    """Unique node names, as the loader gives them (rules and reports key nodes by name)."""
+    from npu_deploy.converters.onnx_model import name_nodes
+
+    name_nodes(model.graph)
 
 
 def optimize_model(model: onnx.ModelProto, *, rules: Sequence[str] | None = None, skip: Sequence[str] | None = None,
                    feeds: Mapping[str, np.ndarray] | None = None, input_shapes: Mapping[str, Sequence[int]] | None = None,
                    soc: str | None = None, atol: float | None = None, rtol: float | None = None,
                    keep_if_faster: bool = False, seed: int = 0, source: str = "<model>",
-                   progress: Callable[[str], None] | None = None) -> tuple[OptimizeResult, onnx.ModelProto]:
-    """Apply the rules to ``model``; return the result and the rewritten model (see the module doc)."""
+                   progress: Callable[[str], None] | None = None,
+                   device_timer: DeviceTimer | None = None) -> tuple[OptimizeResult, onnx.ModelProto]:
+    """Apply the rules to ``model``; return the result and the rewritten model (see the module doc).
+
+    ``device_timer`` (with ``keep_if_faster`` only): also time each step the cost model accepts on
+    the device, e.g. ``AtcAclTimer()`` from :mod:`npu_deploy.runtime.device_time`."""
     chosen = select_rules(rules, skip)
+    if device_timer is not None:
+        if not keep_if_faster:
+            raise InputError("a device timer (--measure atc) judges --keep-if-faster, which is off",
+                             hint="add --keep-if-faster, or drop --measure atc")
+        check = getattr(device_timer, "check", None)
+        if check is not None:
+            check()  # ATC or pyACL missing: say so before any rewrite is verified
     soc = soc or DEFAULT_SOC
     atol = DEFAULT_ATOL if atol is None else float(atol)
     rtol = DEFAULT_RTOL if rtol is None else float(rtol)
@@ -1608,6 +1699,8 @@ def optimize_model(model: onnx.ModelProto, *, rules: Sequence[str] | None = None
     applications: list[Application] = []
     with tempfile.TemporaryDirectory(prefix="npu-deploy-optimize-") as tmp:
         work = Path(tmp)
+        device = None if device_timer is None else _DeviceTimes(device_timer, work, feeds, shapes, soc, say)
+        original = cur
         before = Measure.of(cur, shapes, soc, work)
         now = before
         for rule in chosen:
@@ -1639,7 +1732,7 @@ def optimize_model(model: onnx.ModelProto, *, rules: Sequence[str] | None = None
                     continue
                 say(f"{rule.name} at {batch[0].nodes[0]}" + (f" and {len(batch) - 1} more" if len(batch) > 1 else ""))
                 apps, new, new_values, measured = _try(rule, view, batch, cur, feeds, reference, out_names, shapes,
-                                                       soc, work, now, atol, rtol, keep_if_faster)
+                                                       soc, work, now, atol, rtol, keep_if_faster, device)
                 if new is None and len(batch) > 1:
                     tried -= {m.key for m in batch}
                     single = True
@@ -1648,10 +1741,16 @@ def optimize_model(model: onnx.ModelProto, *, rules: Sequence[str] | None = None
                 if new is not None:
                     cur, values, now = new, new_values, measured
         after = now
+        device_summary = None
+        if device is not None and device.known(original) is not None:
+            device_summary = {"before_ms": device.known(original), "after_ms": device.ms(cur, "the output model"),
+                              "runs": device.runs, "margin_pct": NOISE_MARGIN_PCT}
     res = OptimizeResult(source, None, soc, [r.name for r in chosen],
                          {k: {"dtype": str(v.dtype), "shape": list(v.shape)} for k, v in feeds.items()},
                          atol, rtol, dataclasses.asdict(before), dataclasses.asdict(after), applications,
-                         keep_if_faster, True)
+                         keep_if_faster, True,
+                         COST_MODEL if device_timer is None else
+                         f"{COST_MODEL}; device time {device_timer.measured_by}", device_summary)
     problem = _validate(cur)
     if problem is not None:  # pragma: no cover - every accepted step passed the same check
         raise ModelError(f"{source}: the rewritten model fails the ONNX checks ({problem})")
@@ -1659,7 +1758,7 @@ def optimize_model(model: onnx.ModelProto, *, rules: Sequence[str] | None = None
 
 
 def _try(rule: Rule, view: View, batch: list[Match], cur, feeds, reference, out_names, shapes, soc, work,
-         now: Measure, atol, rtol, keep_if_faster):
+         now: Measure, atol, rtol, keep_if_faster, device: _DeviceTimes | None = None):
     """Apply ``batch`` (matches on disjoint nodes) in one step, verify and measure it. Returns the
     applications, and the new model, values and measure (None when rolled back)."""
     where = batch[0].nodes[0]
@@ -1696,6 +1795,25 @@ def _try(rule: Rule, view: View, batch: list[Match], cur, feeds, reference, out_
         for a in apps:
             a.status, a.reason = "not faster", reason
         return apps, None, None, None
+    if device is not None:
+        try:
+            before_ms = device.ms(cur, f"the model before {rule.name} at {where}")
+        except NpuDeployError as e:  # the model that already ran (or the original) cannot be timed
+            e.message = f"--measure atc, timing the model before {rule.name} at {where}: {e.message}"
+            raise
+        try:
+            after_ms = device.ms(new, f"{rule.name} at {where}")
+        except (AtcError, ModelError) as e:  # this rewrite does not compile: it goes, the others stay
+            return failed(f"ATC cannot compile the rewritten model: {e}")
+        apps[0].device = {"before_ms": before_ms, "after_ms": after_ms, "runs": device.runs,
+                          "change_pct": _pct(before_ms, after_ms)}
+        if not device_faster(before_ms, after_ms):
+            reason = (f"device compute {before_ms:.3f} -> {after_ms:.3f} ms (ATC + ACL, median of {device.runs} "
+                      f"runs): not faster by more than {NOISE_MARGIN_PCT:g} %, although the cost model estimated "
+                      f"{now.est_us:.1f} -> {measured.est_us:.1f} us")
+            for a in apps:
+                a.status, a.reason = "not faster", reason
+            return apps, None, None, None
     return apps, new, values, measured
 
 
@@ -1704,11 +1822,13 @@ def optimize(model: str | os.PathLike, output: str | os.PathLike, *, rules: Sequ
              input_shapes: Mapping[str, Sequence[int]] | None = None, soc: str | None = None,
              atol: float | None = None, rtol: float | None = None, keep_if_faster: bool = False, seed: int = 0,
              report: str | os.PathLike | None = None,
-             progress: Callable[[str], None] | None = None) -> OptimizeResult:
+             progress: Callable[[str], None] | None = None,
+             device_timer: DeviceTimer | None = None) -> OptimizeResult:
     """Rewrite ``model`` for Ascend into ``output`` (see the module doc); return an :class:`OptimizeResult`.
 
     ``inputs``: an ``.npz`` of verification inputs (else generated in realistic ranges, shapes from
-    ``input_shapes`` for dynamic dimensions). The output is written only when every check passed."""
+    ``input_shapes`` for dynamic dimensions). ``device_timer``: see :func:`optimize_model`. The output
+    is written only when every check passed."""
     src = Path(model)
     _io.check_dest(output)
     if report is not None:
@@ -1742,7 +1862,7 @@ def optimize(model: str | os.PathLike, output: str | os.PathLike, *, rules: Sequ
         feeds = {k: feeds[k] for k in names}
     res, out = optimize_model(m, rules=rules, skip=skip, feeds=feeds, input_shapes=input_shapes, soc=soc,
                               atol=atol, rtol=rtol, keep_if_faster=keep_if_faster, seed=seed, source=str(src),
-                              progress=progress)
+                              progress=progress, device_timer=device_timer)
     res.output = str(output)
     with _io.outputs():
         with _io.atomic_path(output) as tmp:

@@ -64,7 +64,7 @@ from npu_deploy.converters import formats
 from npu_deploy.converters import om as omfile
 from npu_deploy.converters.against import _data_edges, _source
 from npu_deploy.converters.bundle import read_bundle
-from npu_deploy.converters.onnx_model import _name_nodes
+from npu_deploy.converters.onnx_model import name_nodes
 from npu_deploy.errors import InputError, ModelError
 from npu_deploy.runtime.compare import check_thresholds
 
@@ -402,7 +402,7 @@ def load_named_model(model: str | os.PathLike | onnx.ModelProto) -> onnx.ModelPr
         except Exception as e:  # protobuf's and onnx's own exception types
             raise ModelError(f"{p}: not an ONNX model ({str(e).splitlines()[0][:200] if str(e) else type(e).__name__})",
                              hint="give the original .onnx model the dump was taken from") from None
-    _name_nodes(m.graph)
+    name_nodes(m.graph)
     return m
 
 

@@ -24,6 +24,18 @@ one entry a line, as ATC's ``--keep_dtype`` reads it and ``convert --keep-dtype`
 accuracy reached, the estimated latency with and without the kept ops (the cost model's estimate, as
 in the plan report) and the search trace.
 
+**Backends.** ``backend="emulator"`` (the default) judges candidates as above. ``backend="atc"`` (CLI
+``debug precision --backend atc [--atc PATH]``) is for a CANN host — **ATC + ACL: verified against
+stand-ins only** (no real ATC or device has run it): each candidate is compiled by ATC
+(:func:`npu_deploy.convert` with ``backend="atc"``, the precision mode and the keep list as ATC's
+``--keep_dtype`` file) and run on the device through :class:`npu_deploy.InferenceSession` (the ACL
+backend), then judged against the same onnxruntime outputs. The candidates are still the ops the
+built-in plan runs in float16, and the latency figures stay the cost model's estimates (nothing is
+timed on the device). A model whose nodes lack unique names is given to ATC as a copy carrying the
+names the keep list uses (the loader's ``<op_type>_<index>``). With ``by_type``, ATC gets ``OpType::``
+entries in Ascend IR types (the support table's names for each ONNX type). An ATC or ACL failure
+stops the search with its one-line error (exit 3); the evaluations done so far stay in the checkpoint.
+
 Evaluations are cached by keep set; ``checkpoint`` (a JSON file) stores them after each one, so an
 interrupted search (Ctrl-C) keeps what it learnt: re-run with the same checkpoint to resume, and the
 best keep list found so far is in :attr:`PrecisionSearch.best`.
@@ -47,17 +59,24 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
+import onnx
 
 from npu_deploy._io import atomic_write, load_npz, output_error
 from npu_deploy._result import Result
 from npu_deploy.converters import pipeline
-from npu_deploy.converters.convert import write_plan_bundle
+from npu_deploy.converters.atc import require_atc
+from npu_deploy.converters.convert import convert, write_plan_bundle
+from npu_deploy.converters.onnx_model import name_nodes
 from npu_deploy.converters.options import ConvertOptions
-from npu_deploy.errors import InputError
+from npu_deploy.errors import InputError, ModelError
+from npu_deploy.runtime import device
 from npu_deploy.runtime.compare import OnnxruntimeReference, compare_arrays, generate_inputs
 from npu_deploy.runtime.emulator import EmulatorBackend
+from npu_deploy.runtime.session import InferenceSession
 
 SEARCH_MODES = ("force_fp16", "allow_mix_precision")
+#: where candidates run: the CPU emulator's float16 emulation, or ATC + the device (stand-in verified only)
+BACKENDS = ("emulator", "atc")
 DEFAULT_COSINE = 0.999
 _LOW = ("float16", "bfloat16")
 
@@ -84,6 +103,7 @@ class PrecisionResult(Result):
 
     model: str = ""
     mode: str = ""
+    backend: str = "emulator"
     by_type: bool = False
     target: dict = dataclasses.field(default_factory=dict)
     samples: int = 0
@@ -194,7 +214,13 @@ class PrecisionSearch:
                  n_samples: int = 1, seed: int = 0, input_shapes: Mapping[str, Sequence[int]] | None = None,
                  mode: str = "force_fp16", cosine: float | None = None, max_abs: float | None = None,
                  by_type: bool = False, soc: str | None = None, checkpoint: str | os.PathLike | None = None,
-                 progress: Callable[[str], None] | None = None):
+                 progress: Callable[[str], None] | None = None, backend: str = "emulator",
+                 atc: str | os.PathLike | None = None):
+        if backend not in BACKENDS:
+            raise InputError(f"backend {backend!r} cannot run the search",
+                             hint=f"use one of {', '.join(BACKENDS)}")
+        if atc is not None and backend != "atc":
+            raise InputError("an ATC path is for the atc backend", hint="add --backend atc, or drop --atc")
         if mode not in SEARCH_MODES:
             raise InputError(f"precision mode {mode!r} cannot be searched", hint=f"use one of {', '.join(SEARCH_MODES)}")
         if cosine is not None and max_abs is not None:
@@ -209,6 +235,11 @@ class PrecisionSearch:
         if not self.model.is_file():
             raise InputError(f"model {self.model} does not exist", hint="give the original .onnx model")
         self.mode = mode
+        self.backend = backend
+        # a missing ATC or pyACL is an environment failure (exit 3) found before any golden run or compile
+        self.atc = require_atc(atc) if backend == "atc" else None
+        if backend == "atc":
+            device.load_acl()
         self.by_type = bool(by_type)
         self.cosine = None if max_abs is not None else (DEFAULT_COSINE if cosine is None else float(cosine))
         self.max_abs = None if max_abs is None else float(max_abs)
@@ -216,6 +247,8 @@ class PrecisionSearch:
         self.options = ConvertOptions(backend="builtin", soc=soc, input_shapes=input_shapes, precision_mode=mode)
         self._work = Path(tempfile.mkdtemp(prefix="npu-deploy-precision-"))
         self._count = 0
+        self._atc_src: Path | None = None
+        self._unnamed: bool | None = None
         self.trace: list[dict] = []
         self.cache: dict[tuple, Evaluation] = {}
         self.best: list[str] | None = None
@@ -297,6 +330,8 @@ class PrecisionSearch:
                 h.update(np.ascontiguousarray(s[k]).tobytes())
         h.update(json.dumps([self.mode, self.by_type, self.options.soc,
                              {k: list(v) for k, v in (self.options.input_shapes or {}).items()}]).encode())
+        if self.backend != "emulator":   # device results are not the emulator's (emulator keys unchanged)
+            h.update(self.backend.encode())
         return h.hexdigest()
 
     def _resume(self) -> None:
@@ -306,7 +341,7 @@ class PrecisionSearch:
             self.notes.append(f"checkpoint {self.checkpoint} is unreadable: started afresh")
             return
         if d.get("schema") != "npu-deploy/precision-checkpoint" or d.get("key") != self._key:
-            self.notes.append(f"checkpoint {self.checkpoint} is for another model, inputs or mode: started afresh")
+            self.notes.append(f"checkpoint {self.checkpoint} is for another model, inputs, mode or backend: started afresh")
             return
         for e in d.get("evaluations") or []:
             try:
@@ -319,7 +354,7 @@ class PrecisionSearch:
         if self.checkpoint is None:
             return
         d = {"schema": "npu-deploy/precision-checkpoint", "schema_version": 1, "key": self._key,
-             "model": str(self.model), "mode": self.mode, "best": self.best,
+             "model": str(self.model), "mode": self.mode, "backend": self.backend, "best": self.best,
              "evaluations": [{"keep": list(k), "result": dataclasses.asdict(v)} for k, v in self.cache.items()]}
         # a checkpoint must outlive an interrupted run: written beside, renamed, never rolled back
         tmp = self.checkpoint.with_name(f".{self.checkpoint.name}.{os.getpid()}.tmp")
@@ -351,28 +386,85 @@ class PrecisionSearch:
 
     def _run(self, keep: tuple[str, ...]) -> Evaluation:
         t = time.perf_counter()
-        plan = self._plan(keep)
-        path = self._work / "candidate.bundle"
-        write_plan_bundle(path, self._loaded, plan, support=self._support)
+        plan = self._plan(keep)          # the cost estimate (and the check of the keep names), either backend
+        outputs = self._on_device(keep) if self.backend == "atc" else self._on_emulator(plan)
         worst_cos, worst_abs, naninf = 1.0, 0.0, False
-        try:
-            with EmulatorBackend(path) as b:
-                for s, gold in zip(self.samples, self.golden):
-                    outs = b.run(self.output_names, s)
-                    for name, g, o in zip(self.output_names, gold, outs):
-                        c = compare_arrays(name, g, o, atol=0.0, rtol=0.0)
-                        if c.nan_target > c.nan_ref or c.inf_target > c.inf_ref or c.cosine is None:
-                            naninf = True
-                        worst_cos = None if worst_cos is None or c.cosine is None else min(worst_cos, c.cosine)
-                        worst_abs = None if worst_abs is None or c.max_abs is None else max(worst_abs, c.max_abs)
-        finally:
-            path.unlink(missing_ok=True)
+        for outs, gold in zip(outputs, self.golden):
+            for name, g, o in zip(self.output_names, gold, outs):
+                c = compare_arrays(name, g, o, atol=0.0, rtol=0.0)
+                if c.nan_target > c.nan_ref or c.inf_target > c.inf_ref or c.cosine is None:
+                    naninf = True
+                worst_cos = None if worst_cos is None or c.cosine is None else min(worst_cos, c.cosine)
+                worst_abs = None if worst_abs is None or c.max_abs is None else max(worst_abs, c.max_abs)
         if self.max_abs is not None:
             passed = not naninf and worst_abs is not None and worst_abs <= self.max_abs
         else:
             passed = not naninf and worst_cos is not None and worst_cos >= self.cosine
         return Evaluation(len(keep), worst_cos, worst_abs, naninf, passed, _est_us(plan),
                           round(time.perf_counter() - t, 3))
+
+    def _on_emulator(self, plan) -> list[list[np.ndarray]]:
+        """Every sample's outputs from the candidate's bundle on the emulator."""
+        path = self._work / "candidate.bundle"
+        write_plan_bundle(path, self._loaded, plan, support=self._support)
+        try:
+            with EmulatorBackend(path) as b:
+                return [b.run(self.output_names, s) for s in self.samples]
+        finally:
+            path.unlink(missing_ok=True)
+
+    def _on_device(self, keep: tuple[str, ...]) -> list[list[np.ndarray]]:
+        """Every sample's outputs from the candidate compiled by ATC and run through ACL."""
+        res = convert(self._atc_model(), self._work / "cand.om", backend="atc", atc=self.atc, soc=self.options.soc,
+                      input_shapes=self.options.input_shapes, precision_mode=self.mode,
+                      keep_dtype=self._atc_keep(keep) or None)
+        om = Path(res.output)
+        try:
+            with InferenceSession(om, backend="acl") as sess:
+                have = [o.name for o in sess.get_outputs()]
+                if len(have) != len(self.output_names):
+                    raise ModelError(f"{om}: ATC's model has {len(have)} outputs, {self.model} has "
+                                     f"{len(self.output_names)}", hint="check the model's outputs (--out_nodes)")
+                # ATC may rename outputs; their order is the ONNX graph's
+                names = self.output_names if set(self.output_names) <= set(have) else None
+                return [sess.run(names, s) for s in self.samples]
+        finally:
+            om.unlink(missing_ok=True)
+
+    def _has_unnamed_nodes(self) -> bool:
+        """Whether some top-level node of the model file has no name or shares one (the loader named it)."""
+        if self._unnamed is None:
+            names = [n.name for n in onnx.load(self.model, load_external_data=False).graph.node]
+            self._unnamed = not all(names) or len(set(names)) != len(names)
+        return self._unnamed
+
+    def _atc_model(self) -> Path:
+        """The model ATC compiles: the original, or a copy named as the keep list names its nodes."""
+        if self._atc_src is not None:
+            return self._atc_src
+        if not self._has_unnamed_nodes():
+            self._atc_src = self.model
+            return self._atc_src
+        m = onnx.load(self.model, load_external_data=False)
+        external = any(t.data_location == onnx.TensorProto.EXTERNAL for t in m.graph.initializer)
+        if external:
+            m = onnx.load(self.model)
+        name_nodes(m.graph)        # the loader's naming, so the names are the plan's
+        path = self._work / f"{self.model.stem}.named.onnx"
+        onnx.save(m, path, save_as_external_data=external, location=f"{path.name}.data" if external else None)
+        self._atc_src = path
+        return path
+
+    def _atc_keep(self, keep: Sequence[str]) -> list[str]:
+        """The keep list in ATC's terms: node names as they are; ``OpType::`` in Ascend IR types."""
+        if not self.by_type:
+            return list(keep)
+        out: list[str] = []
+        for k in keep:
+            onnx_type = k[len("OpType::"):]
+            for ir in self.cann_types.get(onnx_type, onnx_type).split("/"):
+                out.append(f"OpType::{ir}")
+        return list(dict.fromkeys(out))
 
     # -------------------------------------------------------------------------------- search
     def run(self) -> PrecisionResult:
@@ -435,6 +527,13 @@ class PrecisionSearch:
         if complete:
             shutil.rmtree(self._work, ignore_errors=True)
         notes = list(self.notes)
+        if keep and not self.by_type and self._has_unnamed_nodes():
+            notes.append("some nodes of the model have no unique name: the keep list uses npu-deploy's names "
+                         "(<op_type>_<index>), which ATC finds only in a model whose nodes carry them"
+                         + (" (the search gave ATC such a copy)" if self.backend == "atc" else ""))
+        if self.backend == "atc":
+            notes.append("judged on ATC + ACL (verified against stand-ins only); the latency figures are the "
+                         "cost model's estimates, not device timings")
         if self.by_type and keep:
             names = getattr(self, "cann_types", {})
             differ = [f"{k[len('OpType::'):]} -> {names[k[len('OpType::'):]]}" for k in keep
@@ -442,7 +541,7 @@ class PrecisionSearch:
             if differ:
                 notes.append("the OpType:: entries are ONNX op types (what convert --keep-dtype takes); ATC's "
                              "--keep_dtype names Ascend IR types: " + ", ".join(differ))
-        return PrecisionResult(model=str(self.model), mode=self.mode, by_type=self.by_type,
+        return PrecisionResult(model=str(self.model), mode=self.mode, backend=self.backend, by_type=self.by_type,
                                target={"cosine": self.cosine, "max_abs": self.max_abs}, samples=len(self.samples),
                                candidates=len(self.candidates), keep=keep,
                                reached=bool(ev is not None and ev.passed), complete=complete,

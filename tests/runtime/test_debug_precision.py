@@ -68,6 +68,10 @@ def test_trace_and_cfg_file(squeezenet_result, tmp_path):
     assert lines == res.keep
     back = PrecisionResult.load(res.to_json())
     assert back.keep == res.keep and back.trace == json.loads(res.to_json())["trace"]
+    assert res.backend == back.backend == "emulator"
+    # the file's nodes are unnamed: the names are npu-deploy's, and the result says ATC needs them in the model
+    assert "" in {n.name for n in onnx.load(SQUEEZENET).graph.node}
+    assert any("no unique name" in n for n in res.notes)
 
 
 def test_by_type_keeps_op_types(tmp_path):
