@@ -7,7 +7,8 @@ not rounded to the storage dtype either. The plan records these tensors (``Plan.
 The rule is deliberately simple and stated here so that a user can check it: a tensor is fused when
 it is the only output of a non-folded op, is read by exactly one node, once, that node is an
 elementwise op running in the same layout and precision, and no TransData, graph output or
-subgraph touches it.
+subgraph touches it; or it is read (so) by several elementwise ops that all meet again, through
+single-reader elementwise ops, in one of them (x * sigmoid(x), x * relu6(x + 3) / 6).
 """
 
 from __future__ import annotations
@@ -43,7 +44,8 @@ def fused_tensors(g: onnx.GraphProto, node_formats: Mapping[str, Any], transdata
                   consts: set[str]) -> list[str]:
     """Tensors ATC would not store: the output of an op read only by one elementwise op of the same
     layout and precision (Conv + Add + Relu, MatMul + Add + Gelu run as one fused kernel; the
-    intermediate stays in the core's buffer, so it is not rounded to the storage dtype)."""
+    intermediate stays in the core's buffer, so it is not rounded to the storage dtype), or read by
+    several such ops that meet again in one of them (x * sigmoid(x), the decomposed hard-swish)."""
     td_by_edge = {(str(td.get("tensor")), str(c)) for td in transdata for c in td.get("consumers") or []}
     sub_reads: set[str] = set()
     for n in g.node:
@@ -60,24 +62,53 @@ def fused_tensors(g: onnx.GraphProto, node_formats: Mapping[str, Any], transdata
         nf = node_formats.get(n.name)
         return nf if isinstance(nf, dict) else {}
 
-    fused: set[str] = set()
-    for t, rs in readers.items():
-        p = producer.get(t)
-        if p is None or t in consts or t in outputs or t in sub_reads or len(rs) != 1 or len(p.output) != 1:
-            continue
-        c = rs[0]
-        if c.op_type not in UNARY_ELEMENTWISE and c.op_type not in BINARY_ELEMENTWISE:
-            continue
-        if list(c.input).count(t) != 1 or (t, c.name) in td_by_edge:
-            continue
+    def elementwise(n: onnx.NodeProto) -> bool:
+        return n.op_type in UNARY_ELEMENTWISE or n.op_type in BINARY_ELEMENTWISE
+
+    def reads_in_place(t: str, p: onnx.NodeProto, c: onnx.NodeProto) -> bool:
+        """``c`` reads ``t`` once, in the layout and precision ``p`` writes it, with no TransData."""
+        if not elementwise(c) or list(c.input).count(t) != 1 or (t, c.name) in td_by_edge:
+            return False
         pr, cr = rec(p), rec(c)
         if pr.get("folded") or pr.get("dtype") != cr.get("dtype"):
-            continue
+            return False
         out_fmt = (pr.get("output_formats") or [None])[0]
         in_fmt = (cr.get("input_formats") or [None] * len(c.input))[list(c.input).index(t)]
-        if not same_format(out_fmt or "ND", in_fmt or "ND"):
+        return same_format(out_fmt or "ND", in_fmt or "ND")
+
+    def storable(t: str) -> bool:
+        p = producer.get(t)
+        return (p is not None and t not in consts and t not in outputs and t not in sub_reads
+                and len(p.output) == 1)
+
+    def leads_to(n: onnx.NodeProto, sink: onnx.NodeProto, depth: int = 8) -> bool:
+        """``n``'s result reaches ``sink`` through single-reader elementwise ops only."""
+        for _ in range(depth):
+            o = n.output[0] if len(n.output) == 1 else ""
+            rs = readers.get(o, [])
+            if not o or not storable(o) or len(rs) != 1 or not reads_in_place(o, n, rs[0]):
+                return False
+            if rs[0] is sink:
+                return True
+            n = rs[0]
+        return False
+
+    fused: set[str] = set()
+    for t, rs in readers.items():
+        if not storable(t):
             continue
-        fused.add(t)
+        p = producer[t]
+        if len(rs) == 1:
+            if reads_in_place(t, p, rs[0]):
+                fused.add(t)
+            continue
+        # one tensor, several elementwise readers that meet again in one op: x * hardsigmoid(x),
+        # x * sigmoid(x), x * relu6(x + 3) / 6 — one fused kernel, x never leaves the core
+        if not all(reads_in_place(t, p, r) for r in rs):
+            continue
+        sinks = [r for r in rs if all(o is r or leads_to(o, r) for o in rs)]
+        if len(sinks) == 1:
+            fused.add(t)
     return sorted(fused)
 
 

@@ -252,3 +252,26 @@ def test_plan_inside_if_bodies_is_executed(real_model, tmp_path):
 
     bad = rewrite(out, tmp_path / "vad_bad.bundle", drop)
     assert not compare(model, bad, inputs=feeds)
+
+
+def test_swish_after_conv_is_one_fused_kernel(tmp_path):
+    """Conv -> x * sigmoid(x): ATC fuses the three into one kernel; only the Mul's result is stored
+    (rounded to float16), the Conv and Sigmoid results stay in the core."""
+    rng = np.random.default_rng(7)
+    w = numpy_helper.from_array((0.2 * rng.standard_normal((16, 3, 3, 3))).astype(np.float32), "w")
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"], name="conv", pads=[1, 1, 1, 1]),
+             helper.make_node("Sigmoid", ["c"], ["s"], name="sig"),
+             helper.make_node("Mul", ["c", "s"], ["m"], name="mul"),
+             helper.make_node("Conv", ["m", "w2"], ["y"], name="conv2", pads=[1, 1, 1, 1])]
+    w2 = numpy_helper.from_array((0.1 * rng.standard_normal((8, 16, 3, 3))).astype(np.float32), "w2")
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", 1, [1, 3, 8, 8])],
+                          [helper.make_tensor_value_info("y", 1, [1, 8, 8, 8])], [w, w2])
+    path = tmp_path / "swish.onnx"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), path)
+    out = tmp_path / "swish.bundle"
+    npu_deploy.convert(str(path), output=str(out), backend="builtin")
+    with EmulatorBackend(out) as b:
+        b.run(None, {"x": rng.standard_normal((1, 3, 8, 8)).astype(np.float32)})
+        assert {"c", "s"} <= set(b.manifest["fused_tensors"]) and "m" not in b.manifest["fused_tensors"]
+        assert "m" in b.rounded_tensors and not {"c", "s"} & set(b.rounded_tensors)
+    assert compare(path, out)
