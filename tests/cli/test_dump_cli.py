@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import re
 import struct
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -22,6 +21,7 @@ from npu_deploy.converters.dump import read_dump_folder
 from npu_deploy.runtime.emulator import EmulatorBackend
 from tests.converters.test_dump import (DT_FLOAT, DT_FLOAT16, F_FRACTAL_NZ, F_ND, dump_bytes, nz_oracle, op_input,
                                         op_output)
+from tests.runtime.test_acl import acl  # noqa: F401  (the stand-in acl fixture)
 from tests.standins.omfile import build_om, tensor
 
 SHAPE = (1, 3, 48, 192)
@@ -212,29 +212,6 @@ def test_inspect_json_is_not_written_for_a_damaged_dump(tmp_path, run_cli):
 
 
 # --------------------------------------------------------------------------- ACL: acl.json (stand-in)
-def _purge_standins() -> None:
-    for name, mod in list(sys.modules.items()):
-        f = getattr(mod, "__file__", None) or ""
-        if name == "acl" or name.startswith("acl.") or (f and str(STANDINS) in f and "." not in name):
-            del sys.modules[name]
-
-
-@pytest.fixture
-def acl(monkeypatch):
-    """The pyACL stand-in as ``acl``, a fresh process's state (as in tests/runtime/test_acl.py)."""
-    from npu_deploy.runtime import device
-
-    device.shutdown()
-    _purge_standins()
-    monkeypatch.syspath_prepend(str(STANDINS))
-    import acl as mod
-
-    mod._standin.reset()
-    yield mod
-    device.finalize()
-    _purge_standins()
-
-
 def test_acl_dump_passes_acl_json_to_acl_init_standin(acl, tmp_path):
     """Stand-in only: the documented acl.json reaches acl.init, which the stand-in validates."""
     from npu_deploy.runtime.acl import enable_dump

@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 
 from npu_deploy.converters.bundle import read_bundle, validate_manifest
 from npu_deploy.errors import NpuDeployError
+from tests.fuzzing import byte_edits, mutate
 from tests.converters.test_inspect_bundle import reseal
 
 FUZZ = settings(max_examples=int(os.environ.get("FUZZ_EXAMPLES", 60)), deadline=None, database=None,
@@ -151,16 +152,6 @@ def test_resealed_graph_bytes(tmp_path, seed, edits):
 
 
 @FUZZ
-@given(edits=st.lists(st.tuples(st.sampled_from(["flip", "truncate", "insert"]), st.integers(0, 1 << 20),
-                                st.integers(0, 255)), min_size=1, max_size=3))
+@given(edits=byte_edits(1 << 20, 3))
 def test_raw_byte_mutations(tmp_path, seed, edits):
-    buf = bytearray(seed)
-    for kind, pos, val in edits:
-        i = pos % (len(buf) + 1)
-        if kind == "flip" and i < len(buf):
-            buf[i] ^= 1 << (val % 8)
-        elif kind == "truncate":
-            del buf[i:]
-        elif kind == "insert":
-            buf[i:i] = bytes([val])
-    _exercise(tmp_path, bytes(buf))
+    _exercise(tmp_path, mutate(seed, edits))

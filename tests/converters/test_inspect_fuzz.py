@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from npu_deploy.converters.bundle import write_bundle
 from npu_deploy.converters.inspect import inspect, render_text
 from npu_deploy.errors import NpuDeployError
+from tests.fuzzing import byte_edits, mutate
 from tests.converters.test_inspect_bundle import _graph, _weights, manifest, reseal
 
 FUZZ = settings(max_examples=int(__import__("os").environ.get("FUZZ_EXAMPLES", 60)), deadline=None, database=None,
@@ -78,22 +79,10 @@ def _check(tmp_path, data: bytes) -> None:
     json.loads(r.to_json())
 
 
-edit = st.tuples(st.sampled_from(["flip", "truncate", "insert"]), st.integers(0, 1 << 14), st.integers(0, 255))
-
-
 @FUZZ
-@given(edits=st.lists(edit, min_size=1, max_size=4))
+@given(edits=byte_edits(1 << 14, 4))
 def test_raw_byte_mutations(tmp_path, seed, edits):
-    buf = bytearray(seed)
-    for kind, pos, val in edits:
-        i = pos % (len(buf) + 1)
-        if kind == "flip" and i < len(buf):
-            buf[i] ^= 1 << (val % 8)
-        elif kind == "truncate":
-            del buf[i:]
-        elif kind == "insert":
-            buf[i:i] = bytes([val])
-    _check(tmp_path, bytes(buf))
+    _check(tmp_path, mutate(seed, edits))
 
 
 json_value = st.recursive(
