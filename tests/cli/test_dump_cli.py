@@ -25,7 +25,6 @@ from tests.runtime.test_acl import acl  # noqa: F401  (the stand-in acl fixture)
 from tests.standins.omfile import build_om, tensor
 
 SHAPE = (1, 3, 48, 192)
-STANDINS = Path(__file__).resolve().parents[1] / "standins"
 
 
 # ------------------------------------------------------------------------------------ run --dump
