@@ -253,7 +253,7 @@ def _run_atc(loaded, out: Path, o: ConvertOptions, *, atc_exe, say) -> tuple[dic
 # Bundle writing (built-in backend)
 # ------------------------------------------------------------------------------------------------
 
-def write_plan_bundle(path: str | os.PathLike, loaded, p, *, input_format: str | None = None, support=None,
+def write_plan_bundle(path: str | os.PathLike, loaded, p, *, support=None,
                       progress: Callable[[str, float | None], None] | None = None) -> None:
     """Write the offline bundle of a planned model: manifest, lowered graph, and the weight blob
     (pre-packed weights in their device format, other initializers as ND), streamed one at a time."""
@@ -262,7 +262,7 @@ def write_plan_bundle(path: str | os.PathLike, loaded, p, *, input_format: str |
     say = progress or (lambda stage, fraction=None: None)
     entries, moved, removed_nodes = _weight_entries(loaded, p, say)
     graph = lowered_graph(loaded, moved, removed_nodes)
-    manifest = build_manifest(loaded, p, input_format=input_format, support=support)
+    manifest = build_manifest(loaded, p, support=support)
     bundle.write_bundle(path, manifest, graph, entries)
 
 
@@ -362,7 +362,7 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def build_manifest(loaded, p, *, input_format: str | None = None, support=None) -> dict:
+def build_manifest(loaded, p, *, support=None) -> dict:
     """The bundle manifest: the plan's own record (:meth:`Plan.to_manifest`) plus where it came from."""
     origin = getattr(loaded, "aipp_source", None) or loaded.path  # AIPP: the user's model, not the prepended copy
     source = {"name": origin.name, "path": str(origin), "sha256": _sha256(origin),

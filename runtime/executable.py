@@ -272,7 +272,6 @@ def build_plan_graph(graph: onnx.ModelProto, manifest: Mapping[str, Any], weight
     out = _Current(scopes)
     stored: dict[str, Stored] = {}     # buffer name -> how it lies
     buffer_of: dict[str, str] = {}      # tensor -> its own buffer
-    logical_ready: set[str] = set()     # tensors whose logical value exists under their own name
     reinterpreted: list[str] = []
     # buffer -> (tensor, logical source, tag, scope): not built yet
     pending: dict[str, tuple[str, str, str, _Scope]] = {}
@@ -393,7 +392,6 @@ def build_plan_graph(graph: onnx.ModelProto, manifest: Mapping[str, Any], weight
         buffer_of[vi.name] = buf
         if vi.name in sub_reads:
             _alias(out, read(vi.name, buf, dev_fmt, st.c0, "subgraph"), vi.name)
-            logical_ready.add(vi.name)
 
     # ---- TransData by (tensor, consumer)
     td_by_edge: dict[tuple[str, str], dict] = {}
@@ -519,7 +517,7 @@ def build_plan_graph(graph: onnx.ModelProto, manifest: Mapping[str, Any], weight
                 storage_ops.append(n.name)
                 records.append(OpRecord(n.name, n.op_type, [(t, b) for t, (kind, b) in zip(n.input, fast.operands)
                                                             if kind == "buffer"], []))
-                _emit_storage_op(out, new, fast, writes[0], elem, stored, buffer_of, logical_ready, sub_reads,
+                _emit_storage_op(out, new, fast, writes[0], elem, stored, buffer_of, sub_reads,
                                  read, opset)
                 records[-1].outputs.append((n.output[0], buffer_of[n.output[0]]))
                 continue
@@ -538,7 +536,6 @@ def build_plan_graph(graph: onnx.ModelProto, manifest: Mapping[str, Any], weight
             for k, o in enumerate(n.output):
                 if not o:
                     continue
-                logical_ready.add(o)
                 buffer_of[o] = store(o, o, writes[k], n.name)
                 rec.outputs.append((o, buffer_of[o]))
             records.append(rec)
@@ -838,7 +835,7 @@ def _const_in_storage(arr: np.ndarray, target: Stored) -> np.ndarray | None:
 
 
 def _emit_storage_op(out: _Graph, node: onnx.NodeProto, plan: _StoragePlan, target: Stored, elem, stored,
-                     buffer_of, logical_ready, sub_reads, read, opset) -> None:
+                     buffer_of, sub_reads, read, opset) -> None:
     o = node.output[0]
     compute = _elem_np(elem(o))
     for j, (kind, name) in enumerate(plan.operands):
@@ -862,4 +859,3 @@ def _emit_storage_op(out: _Graph, node: onnx.NodeProto, plan: _StoragePlan, targ
     buffer_of[o] = buf
     if o in sub_reads:
         _alias(out, read(o, buf, target.format, target.c0, "subgraph"), o)
-        logical_ready.add(o)
