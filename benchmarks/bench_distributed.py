@@ -22,9 +22,11 @@ machine load (``os.getloadavg``) printed here.
 from __future__ import annotations
 
 import argparse
+import itertools
 import multiprocessing
 import os
 import platform
+import shutil
 import statistics
 import subprocess
 import sys
@@ -75,19 +77,39 @@ def _ray(npus: int) -> float:
     return time.perf_counter() - t
 
 
-def _in_process(bundle: Path, xs: list, threads: int = 1) -> float:
+def _in_process(bundle: Path, xs, threads: int = 1) -> float:
     from npu_deploy.runtime.distributed import open_session
 
     s = open_session(bundle, threads=threads)
     name = s.get_inputs()[0].name
-    s.run(None, {name: xs[0]})  # warm-up, like the actors' first sample
+    s.run(None, {name: np.zeros(s.get_inputs()[0].shape, np.float32)})  # warm-up, as the actors do
     t = time.perf_counter()
     for x in xs:
         s.run(None, {name: x})
     return time.perf_counter() - t
 
 
-def bench_throughput(tmp: Path, samples: int) -> None:
+def _folder_in_process(bundle: Path, src: Path, out: Path) -> float:
+    """What one session does with a folder of samples: read each file, run, write its output file
+    (atomically, as run_batch's driver does), in the code run_batch uses for each step."""
+    from npu_deploy.runtime.distributed import _feeds_from_file, _Writer, input_files, open_session
+
+    s = open_session(bundle, threads=1)
+    names = [m.name for m in s.get_inputs()]
+    files, _ = input_files(src)
+    w = _Writer(out, [m.name for m in s.get_outputs()])
+    s.run(None, {names[0]: np.zeros(s.get_inputs()[0].shape, np.float32)})
+    t = time.perf_counter()
+    for p in files:
+        w.write(w.path_for(p.name), s.run(None, _feeds_from_file(p, names)))
+    return time.perf_counter() - t
+
+
+def _cycle(pool: list, n: int):
+    return itertools.islice(itertools.cycle(pool), n)
+
+
+def bench_throughput(tmp: Path, samples: int, long: int) -> None:
     import npu_deploy
     from npu_deploy.runtime.distributed import run_batch
 
@@ -97,9 +119,13 @@ def bench_throughput(tmp: Path, samples: int) -> None:
     npu_deploy.convert(str(CLS), output=str(bundle), backend="builtin", input_shapes={"x": (1, 3, 48, 192)})
     rng = np.random.default_rng(0)
     xs = [rng.standard_normal((1, 3, 48, 192)).astype(np.float32) * 0.5 for _ in range(samples)]
-    rows = []
+    src = tmp / "cls-in"
+    src.mkdir()
+    for i, x in enumerate(xs):
+        np.save(src / f"s{i:06d}.npy", x)
+    rows, long_rows, folder_rows = [], [], []
     ctx = multiprocessing.get_context("spawn")
-    for rep in range(3):  # alternate the three, take medians
+    for rep in range(3):  # alternate, take medians
         one = _in_process(bundle, xs, threads=1)
         r = run_batch(bundle, xs, npus=2, threads=1, progress=False)
         # the ceiling at this moment on this machine: two plain processes, no Ray, half the samples each
@@ -107,10 +133,28 @@ def bench_throughput(tmp: Path, samples: int) -> None:
             pool.map(_half, [(str(bundle), 8)] * 2)  # start-up and warm-up, not timed
             two = max(pool.map(_half, [(str(bundle), samples // 2)] * 2))  # the runs only, not the data
         rows.append((samples / one, samples / r.wall_s, (samples // 2 * 2) / two))
+        if long:  # a longer stream (a generator over the same samples): the rate once the run is under way
+            one = _in_process(bundle, _cycle(xs, long), threads=1)
+            r = run_batch(bundle, _cycle(xs, long), npus=2, threads=1, progress=False)
+            long_rows.append((long / one, long / r.wall_s))
+        for d in ("out-1", "out-2"):
+            shutil.rmtree(tmp / d, ignore_errors=True)
+        one = _folder_in_process(bundle, src, tmp / "out-1")
+        r = run_batch(bundle, src, npus=2, threads=1, output=tmp / "out-2", progress=False)
+        assert r.ok == samples, r.verdict()
+        folder_rows.append((samples / one, samples / r.wall_s))
     a, b, c = (statistics.median(col) for col in zip(*rows))
-    print(f"throughput PP-OCR cls, {samples} samples: 1 session x 1 thread {a:.1f}/s; 2 actors x 1 thread "
-          f"{b:.1f}/s = {b / a:.2f}x (target >= 1.7x); 2 plain processes (no Ray) {c:.1f}/s = {c / a:.2f}x; "
-          f"runs {[tuple(round(v) for v in row) for row in rows]}")
+    print(f"throughput PP-OCR cls, {samples} samples in memory: 1 session x 1 thread {a:.1f}/s; 2 actors x 1 "
+          f"thread {b:.1f}/s = {b / a:.2f}x (target >= 1.7x); 2 plain processes (no Ray) {c:.1f}/s = "
+          f"{c / a:.2f}x; runs {[tuple(round(v) for v in row) for row in rows]}")
+    if long_rows:
+        a, b = (statistics.median(col) for col in zip(*long_rows))
+        print(f"throughput PP-OCR cls, a stream of {long} samples: 1 session {a:.1f}/s; 2 actors {b:.1f}/s = "
+              f"{b / a:.2f}x; runs {[tuple(round(v) for v in row) for row in long_rows]}")
+    a, b = (statistics.median(col) for col in zip(*folder_rows))
+    print(f"throughput PP-OCR cls, folder of {samples} .npy to an output folder (run --input-dir --output): 1 "
+          f"session reading, running, writing {a:.1f}/s; run_batch on 2 actors {b:.1f}/s = {b / a:.2f}x; runs "
+          f"{[tuple(round(v) for v in row) for row in folder_rows]}")
 
 
 def _half(args) -> float:
@@ -233,6 +277,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("what", nargs="*", default=["throughput", "overhead", "memory", "cluster"])
     ap.add_argument("--samples", type=int, default=3000)
+    ap.add_argument("--long", type=int, default=20_000, help="samples of the longer stream (0: skip it)")
     ap.add_argument("--overhead-samples", type=int, default=3000)
     ap.add_argument("--stream", type=int, default=100_000)
     ap.add_argument("--ranks", type=int, default=64)
@@ -244,7 +289,7 @@ def main() -> None:
         if {"throughput", "overhead", "memory"} & set(args.what):
             print(f"ray start-up (not timed below): {_ray(2):.1f} s")
         if "throughput" in args.what:
-            bench_throughput(tmp, args.samples)
+            bench_throughput(tmp, args.samples, args.long)
         if "overhead" in args.what:
             bench_overhead(tmp, args.overhead_samples)
         if "memory" in args.what:

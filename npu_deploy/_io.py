@@ -43,7 +43,7 @@ import time
 import zipfile
 import zlib
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Iterable, Iterator
+from typing import IO, TYPE_CHECKING, Callable, Iterable, Iterator
 
 from npu_deploy.errors import InputError, Interrupted, OutputError
 
@@ -345,24 +345,17 @@ def _clean_once(folder: Path) -> None:
 
 
 # ---------------------------------------------------------------------------------- atomic writes
-def _temp_prefix(name: str) -> str:
+def _part_stem(name: str) -> str:
     # keep the temporary name within NAME_MAX (255 bytes) whatever the destination's length
-    short = name.encode("utf-8", "surrogateescape")[:96].decode("utf-8", "ignore") or "out"
-    return f".{short}.{os.getpid()}."
+    return name.encode("utf-8", "surrogateescape")[:96].decode("utf-8", "ignore") or "out"
 
 
-@contextlib.contextmanager
-def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
-    """Yield a temporary path next to ``path``; rename it to ``path`` when the block succeeds.
+def _temp_prefix(name: str) -> str:
+    return f".{_part_stem(name)}.{os.getpid()}."
 
-    >>> import tempfile, pathlib
-    >>> d = pathlib.Path(tempfile.mkdtemp())
-    >>> with atomic_path(d / "out.txt") as tmp:
-    ...     _ = tmp.write_text("hello")
-    >>> (d / "out.txt").read_text()
-    'hello'
-    """
-    dest = Path(path)
+
+def _new_part(dest: Path) -> Path:
+    """A new, empty temporary file next to ``dest`` named after it and this process (mode as any new file)."""
     check_dest(dest)
     parent = _parent(dest)
     _clean_once(parent)
@@ -378,17 +371,85 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
         # mkstemp creates 0600; a finished output gets the mode any new file would (0666 less the umask)
         umask = os.umask(0)
         os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)
+        try:
+            os.chmod(tmp, 0o666 & ~umask)
+        except OSError as e:
+            raise output_error(dest, e) from e
+    except BaseException:
+        if tmp is not None:
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+        raise
+    return tmp
+
+
+@contextlib.contextmanager
+def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
+    """Yield a temporary path next to ``path``; rename it to ``path`` when the block succeeds.
+
+    >>> import tempfile, pathlib
+    >>> d = pathlib.Path(tempfile.mkdtemp())
+    >>> with atomic_path(d / "out.txt") as tmp:
+    ...     _ = tmp.write_text("hello")
+    >>> (d / "out.txt").read_text()
+    'hello'
+    """
+    dest = Path(path)
+    tmp = _new_part(dest)
+    try:
         try:
             yield tmp
         except OSError as e:
             raise output_error(dest, e) from e
         _install(tmp, dest)
     except BaseException:
-        if tmp is not None:
-            with contextlib.suppress(OSError):
-                tmp.unlink()
+        with contextlib.suppress(OSError):
+            tmp.unlink()
         raise
+
+
+@contextlib.contextmanager
+def atomic_write(path: str | os.PathLike, mode: str = "wb", **kwargs) -> Iterator[IO]:
+    """Open a temporary file next to ``path`` for writing; rename it to ``path`` on success."""
+    with atomic_path(path) as tmp:
+        with open(tmp, mode, **kwargs) as f:
+            yield f
+            f.flush()
+            os.fsync(f.fileno())
+
+
+def write_part(path: str | os.PathLike, write: Callable[[IO], None]) -> Path:
+    """The first half of :func:`atomic_write`, for a file written in one process and put in place by
+    another: ``write(f)`` into a temporary file next to ``path`` (flushed to disk), whose name is
+    returned; :func:`install_part` renames it over ``path``. On any error nothing is left behind. A
+    part whose writer dies is removed by the stale-part rule (its name carries the writer's pid)."""
+    dest = Path(path)
+    tmp = _new_part(dest)
+    try:
+        try:
+            with open(tmp, "wb") as f:
+                write(f)
+                f.flush()
+                os.fsync(f.fileno())
+        except OSError as e:
+            raise output_error(dest, e) from e
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
+    return tmp
+
+
+def install_part(tmp: str | os.PathLike, path: str | os.PathLike) -> None:
+    """Rename a finished :func:`write_part` file over ``path``, as :func:`atomic_write` does at its end
+    (inside an :func:`outputs` block, a failed run undoes it). The temporary file must be one of ours
+    (``.NAME.PID.XXXXXXXX.part`` beside ``path``): anything else is refused."""
+    tmp, dest = Path(tmp), Path(path)
+    m = _PART.match(tmp.name)
+    if (m is None or m.group("name") != _part_stem(dest.name)
+            or os.path.realpath(_parent(tmp)) != os.path.realpath(_parent(dest))):
+        raise OutputError(f"{tmp} is not a temporary file written for {dest}")
+    _install(tmp, dest)
 
 
 def _install(tmp: Path, dest: Path) -> None:
@@ -415,16 +476,6 @@ def _install(tmp: Path, dest: Path) -> None:
             raise output_error(dest, e) from e
         if out is not None:
             out._renamed(dest, backup, existed)
-
-
-@contextlib.contextmanager
-def atomic_write(path: str | os.PathLike, mode: str = "wb", **kwargs) -> Iterator[IO]:
-    """Open a temporary file next to ``path`` for writing; rename it to ``path`` on success."""
-    with atomic_path(path) as tmp:
-        with open(tmp, mode, **kwargs) as f:
-            yield f
-            f.flush()
-            os.fsync(f.fileno())
 
 
 # ---------------------------------------------------------------------------------- safe reading

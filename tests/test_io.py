@@ -17,8 +17,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from npu_deploy import _io
-from npu_deploy._io import (atomic_path, atomic_write, clean_stale_parts, load_npy, load_npz, outputs,
-                            refuse_overwriting, safe_file_stem, same_file)
+from npu_deploy._io import (atomic_path, atomic_write, clean_stale_parts, install_part, load_npy, load_npz, outputs,
+                            refuse_overwriting, safe_file_stem, same_file, write_part)
 from npu_deploy.errors import EXIT_ENVIRONMENT, InputError, Interrupted, OutputError
 from tests.fullfs import full_fs  # noqa: F401  (fixture)
 
@@ -73,6 +73,61 @@ def test_a_full_disk_is_exit_3_and_leaves_no_temporary(full_fs):
             f.write(os.urandom(256 * 1024))
     assert ei.value.exit_code == 3 and str(full_fs / "big.bin") in str(ei.value)
     assert sorted(p.name for p in full_fs.iterdir()) == before
+
+
+def _part_from_child(dest):
+    """write_part in another process (as a Ray actor does): the part carries that process's pid."""
+    code = ("import sys; from npu_deploy._io import write_part; "
+            "print(write_part(sys.argv[1], lambda f: f.write(b'from the child')))")
+    out = subprocess.run([sys.executable, "-c", code, str(dest)], capture_output=True, text=True, check=True)
+    return out.stdout.strip()
+
+
+def test_a_part_written_by_another_process_is_put_in_place_here(tmp_path):
+    dest = tmp_path / "s1.npy"
+    part = _part_from_child(dest)
+    assert not dest.exists() and _parts(tmp_path) == [os.path.basename(part)]
+    assert f".{os.getpid()}." not in part  # the writer's pid, not ours
+    install_part(part, dest)
+    assert dest.read_bytes() == b"from the child" and _parts(tmp_path) == []
+
+
+def test_install_part_refuses_what_is_not_a_part_for_that_destination(tmp_path):
+    (tmp_path / "notes.txt").write_text("the user's file")
+    with pytest.raises(OutputError, match="not a temporary file written for"):
+        install_part(tmp_path / "notes.txt", tmp_path / "a.npy")
+    other = write_part(tmp_path / "b.npy", lambda f: f.write(b"b"))
+    with pytest.raises(OutputError, match="not a temporary file written for"):
+        install_part(other, tmp_path / "a.npy")  # a part of b.npy never becomes a.npy
+    (tmp_path / "sub").mkdir()
+    with pytest.raises(OutputError, match="not a temporary file written for"):
+        install_part(other, tmp_path / "sub" / "b.npy")  # nor a file of another folder
+    assert (tmp_path / "notes.txt").read_text() == "the user's file"
+    assert not (tmp_path / "a.npy").exists() and not (tmp_path / "sub" / "b.npy").exists()
+
+
+def test_a_failed_write_part_leaves_nothing_and_a_failed_run_undoes_installed_parts(tmp_path):
+    def boom(f):
+        f.write(b"half")
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    with pytest.raises(OutputError, match="No space left on device"):
+        write_part(tmp_path / "x.npy", boom)
+    assert list(tmp_path.iterdir()) == []
+    (tmp_path / "old.npy").write_bytes(b"the user's earlier output")
+    with pytest.raises(RuntimeError):
+        with outputs():
+            install_part(_part_from_child(tmp_path / "new.npy"), tmp_path / "new.npy")
+            install_part(_part_from_child(tmp_path / "old.npy"), tmp_path / "old.npy")
+            assert (tmp_path / "old.npy").read_bytes() == b"from the child"
+            raise RuntimeError("the run fails later")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["old.npy"]
+    assert (tmp_path / "old.npy").read_bytes() == b"the user's earlier output"
+
+
+def test_parts_of_a_dead_writer_process_are_stale(tmp_path):
+    part = _part_from_child(tmp_path / "y.npy")  # the child has exited: its part is garbage now
+    assert clean_stale_parts(tmp_path) == [tmp_path / os.path.basename(part)]
 
 
 # ------------------------------------------------------------------------------------- output sets

@@ -122,6 +122,113 @@ def test_folder_bad_samples_are_reported_by_id_and_the_rest_written(cluster, tin
     assert not list(out.glob(".*.part"))
 
 
+def _refuse(what):
+    def refuse(*args, **kwargs):
+        raise AssertionError(what)
+    return refuse
+
+
+def test_a_folder_gives_the_same_files_whether_the_actors_share_the_file_system_or_not(cluster, tiny, tmp_path,
+                                                                                      monkeypatch):
+    src = tmp_path / "in"
+    src.mkdir()
+    xs = _samples(40, seed=4)
+    for i, x in enumerate(xs):
+        np.save(src / f"s{i:03d}.npy", x)
+    (src / "a.npy").write_bytes(b"\x93NUMPY garbage")             # fails; its output name stays taken
+    np.savez(src / "a.npz", x=xs[7])                                # so this one's output is a_2.npy
+    np.save(src / "s005.npy", np.zeros((2, 8), np.float32))        # fails in the run
+    # actors on this host read the samples and write the outputs: the driver does neither
+    with monkeypatch.context() as m:
+        m.setattr(D, "_feeds_from_file", _refuse("the driver read a sample"))
+        m.setattr(D._Writer, "write", _refuse("the driver wrote an output"))
+        shared = run_batch(tiny, src, npus=NPUS, output=tmp_path / "shared", progress=False)
+    # actors that do not see these files (another host): the driver reads and writes, through Ray
+    monkeypatch.setattr(D, "_shares_files", lambda ray, infos, probes, address: [False] * len(infos))
+    apart = run_batch(tiny, src, npus=NPUS, output=tmp_path / "apart", progress=False)
+    assert [f.id for f in shared.failures] == ["a.npy", "s005.npy"]
+    assert [(f.id, f.error) for f in shared.failures] == [(f.id, f.error) for f in apart.failures]
+    names = sorted(p.name for p in (tmp_path / "shared").iterdir())
+    assert names == sorted(p.name for p in (tmp_path / "apart").iterdir())
+    assert names == sorted(["a_2.npy"] + [f"s{i:03d}.npy" for i in range(40) if i != 5])
+    for name in names:
+        assert (tmp_path / "shared" / name).read_bytes() == (tmp_path / "apart" / name).read_bytes(), name
+    ref = _single_session(tiny, xs)
+    np.testing.assert_array_equal(np.load(tmp_path / "shared" / "a_2.npy"), ref[7])
+    for i in (0, 6, 39):
+        np.testing.assert_array_equal(np.load(tmp_path / "shared" / f"s{i:03d}.npy"), ref[i])
+    assert shared.ok == apart.ok == 40 and sum(w.samples for w in shared.workers) == 40
+
+
+def _shm_segments():
+    return set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
+
+
+def test_samples_in_shared_memory_and_through_ray_give_the_same_results(cluster, tiny, monkeypatch):
+    xs = _samples(200, seed=5)
+    xs[50] = np.zeros((100, 8), np.float32)     # larger than a slot: its chunk goes through Ray (and fails)
+    xs[120] = xs[120].astype(np.float64)         # fits, and is refused by the session as in-process
+    put = []
+    real_put = D._Ring.put
+    monkeypatch.setattr(D._Ring, "put", lambda self, feeds: put.append(1) or real_put(self, feeds))
+    before = _shm_segments()
+    got_shm = {}
+    shm = run_batch(tiny, xs, npus=NPUS, chunk=10, on_result=lambda sid, outs: got_shm.__setitem__(sid, outs[0]),
+                    progress=False)
+    assert len(put) == 191  # every sample went through the shared memory, bar the rest of the large one's chunk
+    assert _shm_segments() == before  # and it is gone after the run
+    monkeypatch.setattr(D._Ring, "for_samples", classmethod(lambda cls, slots, nbytes: None))
+    got_ray = {}
+    via_ray = run_batch(tiny, xs, npus=NPUS, chunk=10,
+                        on_result=lambda sid, outs: got_ray.__setitem__(sid, outs[0]), progress=False)
+    assert [(f.id, f.error) for f in shm.failures] == [(f.id, f.error) for f in via_ray.failures]
+    assert [f.id for f in shm.failures] == ["000050", "000120"]
+    assert "float64" in shm.failures[1].error
+    assert got_shm.keys() == got_ray.keys() and len(got_shm) == shm.ok
+    ref = _single_session(tiny, [x for i, x in enumerate(xs) if f"{i:06d}" in got_shm])
+    for (sid, y), want in zip(sorted(got_shm.items()), ref):
+        np.testing.assert_array_equal(y, want)
+        np.testing.assert_array_equal(got_ray[sid], want)
+
+
+def test_an_actor_that_cannot_see_the_shared_memory_gets_the_arrays_through_ray(cluster, tiny, monkeypatch):
+    # as an actor restarted on another node: the segment the chunks name is not there for it
+    real_init = D._Ring.__init__
+
+    def init(self, slots, slot_bytes):
+        real_init(self, slots, slot_bytes)
+        self.name = f"npu-deploy-test-absent-{os.getpid()}"
+    monkeypatch.setattr(D._Ring, "__init__", init)
+    xs = _samples(100, seed=6)
+    got = {}
+    before = _shm_segments()
+    r = run_batch(tiny, xs, npus=NPUS, chunk=10, on_result=lambda sid, outs: got.__setitem__(sid, outs[0]),
+                  progress=False)
+    assert r and r.ok == 100 and _shm_segments() == before
+    for i, want in enumerate(_single_session(tiny, xs)):
+        np.testing.assert_array_equal(got[f"{i:06d}"], want)
+
+
+def test_no_shared_memory_where_dev_shm_is_too_small(monkeypatch):
+    class Small:
+        f_bavail, f_frsize = 100, 4096  # 400 KB free, as in a container with a tiny /dev/shm
+    monkeypatch.setattr(D.os, "statvfs", lambda path: Small())
+    assert D._Ring.for_samples(600, 110_592) is None
+    monkeypatch.undo()
+    if os.path.isdir("/dev/shm") and os.statvfs("/dev/shm").f_bavail * os.statvfs("/dev/shm").f_frsize > 64 << 20:
+        ring = D._Ring.for_samples(8, 1000)
+        try:
+            slot, places = ring.put({"x": np.arange(250, dtype=np.float32)})
+            assert ring.put({"x": np.zeros(2000, np.float32)}) is None  # larger than a slot
+            assert ring.put({"x": np.array(["a"], dtype=object)}) is None
+            offset, shape, dtype = places["x"]
+            back = np.ndarray(shape, np.dtype(dtype), buffer=ring.shm.buf, offset=offset)
+            np.testing.assert_array_equal(back, np.arange(250, dtype=np.float32))
+            del back
+        finally:
+            ring.close()
+
+
 def test_in_flight_is_bounded(cluster, tiny):
     pulled = [0]
     worst = [0]
@@ -141,10 +248,12 @@ def test_in_flight_is_bounded(cluster, tiny):
     assert 1 <= worst[0] <= 5  # never more than the window read and not yet delivered
 
 
-def test_a_killed_actor_is_restarted_and_its_samples_retried(cluster, tiny):
+@pytest.mark.parametrize("where", ["memory", "folder"])
+def test_a_killed_actor_is_restarted_and_its_samples_retried(cluster, tiny, tmp_path, where):
     # small chunks and a slow enough stream: the killed actor still has samples to run after its death,
     # which the restarted actor serves (and reports as restarted). Every live worker actor is killed:
     # actors of earlier runs in this module may still be listed, and killing them changes nothing here.
+    # "folder": the actors read the samples and write the outputs themselves (they share this host).
     n = 1200
     xs = _samples(n, seed=3)
     killed = []
@@ -162,12 +271,24 @@ def test_a_killed_actor_is_restarted_and_its_samples_retried(cluster, tiny):
             time.sleep(0.2)  # let the deaths land while samples are in flight on them
 
     got = {}
-    r = run_batch(tiny, xs, npus=NPUS, chunk=4, max_in_flight=16,
-                  on_result=lambda sid, outs: got.__setitem__(sid, outs[0]), progress=progress)
+    segments = _shm_segments()
+    if where == "memory":
+        r = run_batch(tiny, xs, npus=NPUS, chunk=4, max_in_flight=16,
+                      on_result=lambda sid, outs: got.__setitem__(sid, outs[0]), progress=progress)
+    else:
+        src, out = tmp_path / "in", tmp_path / "out"
+        src.mkdir()
+        for i, x in enumerate(xs):
+            np.save(src / f"{i:06d}.npy", x)
+        r = run_batch(tiny, src, npus=NPUS, chunk=4, max_in_flight=16, output=out, progress=progress)
+        got = {p.stem: np.load(p) for p in out.iterdir()}
+        assert not list(out.glob(".*.part"))
     assert killed
     assert r and r.ok == n, r.failures[:3]
+    assert _shm_segments() == segments
     assert any(w.restarted for w in r.workers)
     ref = _single_session(tiny, xs)
+    assert len(got) == n
     for i in range(n):
         np.testing.assert_array_equal(got[f"{i:06d}"], ref[i])
 
