@@ -2,7 +2,10 @@
 
 1. ``throughput``: PP-OCR cls (the real model from the test cache, [1,3,48,192]) on 2 emulator actors of
    one onnxruntime thread each vs one in-process session of one thread, same samples, side by side.
-   Target (issue 14): >= 1.7x.
+   Target (issue 14): >= 1.7x. Three cases: 3,000 arrays from Python (plus two plain processes without
+   Ray, the ceiling of the moment); a generator of ``--long`` samples (the rate once a run is under
+   way); a folder of 3,000 ``.npy`` to an output folder (``run --input-dir --output``), against one
+   session reading, running and writing each file with the same code.
 2. ``overhead``: Ray's cost per sample on a tiny model (Add + Relu on [1,8]): run_batch on 1 actor vs the
    same session called in-process. Target: < 1 ms per sample.
 3. ``memory``: 100,000 samples of the tiny model streamed through 2 actors; the driver's RSS sampled as
@@ -16,7 +19,7 @@ actors answer) and printed apart. Figures go to ``benchmarks/README-distributed.
 machine load (``os.getloadavg``) printed here.
 
     python benchmarks/bench_distributed.py [throughput|overhead|memory|cluster ...] [--samples N]
-        [--stream 100000] [--ranks 64] [--rows 100000]
+        [--long 20000] [--stream 100000] [--ranks 64] [--rows 100000]
 """
 
 from __future__ import annotations
