@@ -2,11 +2,14 @@
 
 >>> from npu_deploy.distributed import run_batch        # doctest: +SKIP
 
+``NpuPredictor`` is the same worker for Ray Data's ``Dataset.map_batches``.
+
 Needs Ray: ``pip install 'npu-deploy[ray]'`` (imported when a run starts, not here).
 """
 
 from npu_deploy.runtime.distributed import (  # noqa: F401
     BatchResult,
+    NpuPredictor,
     NpuStats,
     SampleFailure,
     device_id_for,
@@ -14,4 +17,4 @@ from npu_deploy.runtime.distributed import (  # noqa: F401
     run_batch,
 )
 
-__all__ = ["run_batch", "BatchResult", "NpuStats", "SampleFailure", "device_id_for", "input_files"]
+__all__ = ["run_batch", "NpuPredictor", "BatchResult", "NpuStats", "SampleFailure", "device_id_for", "input_files"]

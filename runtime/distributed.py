@@ -33,7 +33,8 @@ given as arrays reach the actors of this node through one shared memory segment 
 in flight (:class:`_Ring`; a chunk then carries offsets), those of other nodes through Ray's object store.
 
 Built on Ray core actors, not Ray Data: per-sample ids and failures, writes in input order and the
-retry-once rule are explicit here, and an actor pool of ``map_batches`` would hide them.
+retry-once rule are explicit here, and an actor pool of ``map_batches`` would hide them. For a pipeline
+that is already a Ray Dataset, :class:`NpuPredictor` is the same worker as a ``map_batches`` class.
 Ray is an optional dependency: ``pip install 'npu-deploy[ray]'``.
 
 >>> from npu_deploy.distributed import run_batch                           # doctest: +SKIP
@@ -610,6 +611,48 @@ class NpuWorker:
     def _write(self, dest: str, outs: list) -> Path:
         names = getattr(self, "output_names", None) or [m.name for m in self.session.get_outputs()]
         return write_part(dest, lambda f: write_outputs(f, outs, names))
+
+
+class NpuPredictor(NpuWorker):
+    """For Ray Data pipelines: one session per actor on its NPU, for ``Dataset.map_batches``.
+
+    >>> ds = ds.map_batches(NpuPredictor, fn_constructor_kwargs={"model": "cls.bundle"},   # doctest: +SKIP
+    ...                     concurrency=8, num_cpus=0, resources={"NPU": 1}, batch_format="numpy")
+
+    Each batch (``{column: array of rows}``) runs row by row through the session: the columns named after
+    the model inputs feed it (``columns={"x": "image"}`` maps an input to another column; a one-input
+    model takes the batch's only column when names differ), every column passes through, and each model
+    output becomes a column of the same name. A row the model refuses raises, as Ray Data expects (its
+    own ``max_errored_blocks`` decides what then happens); :func:`run_batch` is the path that reports
+    failures per sample and writes files. Devices, warm-up and the ``.om``/bundle choice are those of
+    :func:`run_batch`'s workers.
+    """
+
+    def __init__(self, model: str | os.PathLike, backend: str = "auto", threads: int | None = None,
+                 columns: dict[str, str] | None = None):
+        super().__init__(str(model), backend, threads)
+        self.input_names = [m.name for m in self.session.get_inputs()]
+        self.output_names = [m.name for m in self.session.get_outputs()]
+        self.columns = dict(columns or {})
+
+    def _column_of(self, name: str, batch: dict) -> str:
+        col = self.columns.get(name, name)
+        if col in batch:
+            return col
+        if len(self.input_names) == 1 and len(batch) == 1 and not self.columns:
+            return next(iter(batch))
+        raise InputError(f"model input {name!r}: no column {col!r} in the batch (columns: {', '.join(batch)})",
+                         hint="name the column after the input, or pass columns={input: column}")
+
+    def __call__(self, batch: dict) -> dict:
+        cols = {name: self._column_of(name, batch) for name in self.input_names}
+        rows = len(batch[next(iter(cols.values()))]) if cols else 0
+        results = [self.session.run(None, {name: np.asarray(batch[col][i]) for name, col in cols.items()})
+                   for i in range(rows)]
+        out = dict(batch)
+        for j, name in enumerate(self.output_names):
+            out[name] = np.stack([r[j] for r in results]) if results else np.zeros((0,), np.float32)
+        return out
 
 
 def open_session(path: str | os.PathLike, backend: str = "auto", device_id: int = 0, threads: int | None = None):

@@ -484,3 +484,28 @@ def test_an_address_where_something_else_listens_fails_in_bounded_time_in_one_li
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "not as Ray within 5 s" in lines[0], lines[:3]
     assert not (tmp_path / "out").exists()
+
+
+# kept last in the module: Ray Data's actor pool hands its NPUs back when the dataset is consumed
+def test_ray_data_map_batches_runs_the_model_row_by_row(cluster, tiny):
+    rd = pytest.importorskip("ray.data", reason="needs Ray Data: pip install 'npu-deploy[ray]'")
+    from npu_deploy.distributed import NpuPredictor
+
+    rd.DataContext.get_current().enable_progress_bars = False
+    kw = dict(concurrency=NPUS, num_cpus=0, resources={"NPU": 1}, batch_size=16, batch_format="numpy")
+    xs = _samples(120, seed=7)
+    ds = rd.from_items([{"id": i, "x": x} for i, x in enumerate(xs)])
+    rows = sorted(ds.map_batches(NpuPredictor, fn_constructor_kwargs={"model": str(tiny)}, **kw).take_all(),
+                  key=lambda r: r["id"])
+    assert [r["id"] for r in rows] == list(range(120))
+    for r, want, x in zip(rows, _single_session(tiny, xs), xs):
+        np.testing.assert_array_equal(r["y"], want)    # the model's output, as a column named after it
+        np.testing.assert_array_equal(r["x"], x)       # the input columns pass through
+    # an input fed from a column of another name; a missing column is one clear error
+    other = rd.from_items([{"image": x} for x in xs[:8]])
+    mapped = other.map_batches(NpuPredictor, fn_constructor_kwargs={"model": str(tiny), "columns": {"x": "image"}},
+                               **kw).take_all()
+    assert len(mapped) == 8 and all(np.array_equal(r["y"], np.maximum(r["image"] + W, 0)) for r in mapped)
+    two = rd.from_items([{"image": x, "id": i} for i, x in enumerate(xs[:4])])
+    with pytest.raises(Exception, match=r"model input 'x': no column 'x' in the batch"):
+        two.map_batches(NpuPredictor, fn_constructor_kwargs={"model": str(tiny)}, **kw).take_all()
