@@ -582,7 +582,8 @@ class NpuWorker:
 
     def run(self, chunk: _Chunk) -> tuple:
         """``(restarted, [(ok, outputs | temporary output file | error text, seconds), ...])`` for a chunk
-        of samples (``None`` for the list: this actor cannot see the chunk's shared memory); the seconds
+        of samples (``None`` for the list: this actor cannot see the chunk's shared memory; ``ok`` None:
+        an output could not be written, the error object follows and the chunk ends there); the seconds
         are the session's run. A bad sample never kills the actor nor the rest of
         its chunk."""
         out = []
@@ -599,7 +600,11 @@ class NpuWorker:
                 outs = self.session.run(None, feeds)
                 seconds = time.perf_counter() - t0
                 if chunk.dests is not None:
-                    outs = str(self._write(chunk.dests[i], outs))
+                    try:
+                        outs = str(self._write(chunk.dests[i], outs))
+                    except NpuDeployError as e:  # the output folder, not the sample: the driver stops the run
+                        out.append((None, e, seconds))
+                        return self.restarted, out
                 out.append((True, outs, seconds))
             except NpuDeployError as e:
                 out.append((False, str(e), seconds))
@@ -1033,6 +1038,8 @@ def _drive(ray, actors, infos, model, inputs, output, max_in_flight, chunk_size,
                     submit()
                     continue
                 for s, (good, value, seconds) in zip(todo, results):
+                    if good is None:  # the actor could not write an output: as if this process could not
+                        raise value
                     if good:
                         lat[k].add(seconds)
                         done_per[k] += 1
