@@ -337,7 +337,9 @@ def clean_stale_parts(folder: str | os.PathLike, *, now: float | None = None) ->
     return removed
 
 
-def _clean_once(folder: Path) -> None:
+def clean_parts_once(folder: str | os.PathLike) -> None:
+    """:func:`clean_stale_parts` of ``folder`` the first time this process writes there (as
+    :func:`atomic_path` does before its first write); later calls do nothing."""
     key = os.path.realpath(folder)
     if key not in _cleaned:
         _cleaned.add(key)
@@ -354,11 +356,12 @@ def _temp_prefix(name: str) -> str:
     return f".{_part_stem(name)}.{os.getpid()}."
 
 
-def _new_part(dest: Path) -> Path:
+def _new_part(dest: Path, *, clean: bool = True) -> Path:
     """A new, empty temporary file next to ``dest`` named after it and this process (mode as any new file)."""
     check_dest(dest)
     parent = _parent(dest)
-    _clean_once(parent)
+    if clean:
+        clean_parts_once(parent)
     tmp = None
     try:
         with _critical():  # a signal cannot strike between creating the file and knowing its name
@@ -422,9 +425,12 @@ def write_part(path: str | os.PathLike, write: Callable[[IO], None]) -> Path:
     """The first half of :func:`atomic_write`, for a file written in one process and put in place by
     another: ``write(f)`` into a temporary file next to ``path`` (flushed to disk), whose name is
     returned; :func:`install_part` renames it over ``path``. On any error nothing is left behind. A
-    part whose writer dies is removed by the stale-part rule (its name carries the writer's pid)."""
+    part whose writer dies is removed by the stale-part rule (its name carries the writer's pid), but not
+    by this function: a writer never cleans the folder, since a finished part of a writer that died since
+    may still be waiting for :func:`install_part`; the process that installs parts cleans the folder when
+    it is done (:func:`clean_stale_parts`)."""
     dest = Path(path)
-    tmp = _new_part(dest)
+    tmp = _new_part(dest, clean=False)
     try:
         try:
             with open(tmp, "wb") as f:

@@ -62,7 +62,7 @@ from typing import Any, Callable, ClassVar, Iterator
 
 import numpy as np
 
-from npu_deploy._io import (atomic_write, clean_stale_parts, install_part, load_npy, load_npz, make_output_folder, safe_file_stem,
+from npu_deploy._io import (atomic_write, clean_parts_once, clean_stale_parts, install_part, load_npy, load_npz, make_output_folder, safe_file_stem,
                             same_file, write_part)
 from npu_deploy._ray import connect, import_ray
 from npu_deploy._result import Result
@@ -420,9 +420,9 @@ def _samples(inputs: Any, input_names: list[str]) -> tuple[Iterator[_Sample], in
         warnings = []
         if other:
             shown = ", ".join(printable(n) for n in other[:5])
-            warnings.append(f"{inputs}: {len(other)} entries that are not .npy/.npz files were left alone "
+            what = "entry that is not a .npy/.npz file was" if len(other) == 1 else "entries that are not .npy/.npz files were"
+            warnings.append(f"{inputs}: {len(other)} {what} left alone "
                             f"({shown}{', ...' if len(other) > 5 else ''})")
-
         return (_Sample(i, p.name, path=p) for i, p in enumerate(files)), len(files), warnings
 
     try:
@@ -467,6 +467,9 @@ class _Writer:
 
     def __init__(self, folder: str | os.PathLike, output_names: list[str]):
         self.folder = make_output_folder(folder)
+        # stale parts of earlier runs go now, not at this process's first write: by then a finished part
+        # of an actor that died since may be waiting to be put in place
+        clean_parts_once(self.folder)
         self.names = output_names
         self._taken: set[str] = set()
 
@@ -628,8 +631,9 @@ class NpuPredictor(NpuWorker):
     the model inputs feed it (``columns={"x": "image"}`` maps an input to another column; a one-input
     model takes the batch's only column when names differ), every column passes through, and each model
     output becomes a column of the same name. A row the model refuses raises, as Ray Data expects (its
-    own ``max_errored_blocks`` decides what then happens); :func:`run_batch` is the path that reports
-    failures per sample and writes files. Devices, warm-up and the ``.om``/bundle choice are those of
+    own ``max_errored_blocks`` decides what then happens; Ray Data 2.60 then keeps the actor, and its NPU,
+    until the driver ends); :func:`run_batch` is the path that reports failures per sample and writes
+    files. Devices, warm-up and the ``.om``/bundle choice are those of
     :func:`run_batch`'s workers.
     """
 

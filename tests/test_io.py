@@ -125,6 +125,14 @@ def test_a_failed_write_part_leaves_nothing_and_a_failed_run_undoes_installed_pa
     assert (tmp_path / "old.npy").read_bytes() == b"the user's earlier output"
 
 
+def test_write_part_never_cleans_the_folder_so_a_dead_writers_finished_part_can_still_be_installed(tmp_path):
+    part = _part_from_child(tmp_path / "a.npy")  # its writer has exited: by the rule, the part is stale
+    write_part(tmp_path / "b.npy", lambda f: f.write(b"b"))  # this process's first write into the folder
+    assert os.path.exists(part)
+    install_part(part, tmp_path / "a.npy")
+    assert (tmp_path / "a.npy").read_bytes() == b"from the child"
+
+
 def test_parts_of_a_dead_writer_process_are_stale(tmp_path):
     part = _part_from_child(tmp_path / "y.npy")  # the child has exited: its part is garbage now
     assert clean_stale_parts(tmp_path) == [tmp_path / os.path.basename(part)]

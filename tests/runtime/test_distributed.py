@@ -487,7 +487,28 @@ def test_an_address_where_something_else_listens_fails_in_bounded_time_in_one_li
     assert not (tmp_path / "out").exists()
 
 
-# Ray Data's actor pool hands its NPUs back once the dataset is consumed (the next tests need both)
+@pytest.mark.parametrize("shared", [True, False], ids=["written-by-the-actors", "written-here"])
+def test_a_full_output_disk_stops_the_run_with_one_exit_3_error_and_no_partial_file(cluster, tiny, tmp_path,
+                                                                                   full_fs, monkeypatch, shared):
+    from npu_deploy.errors import OutputError
+
+    src = tmp_path / "in"
+    src.mkdir()
+    for i, x in enumerate(_samples(64, seed=8)):
+        np.save(src / f"s{i:03d}.npy", x)
+    if shared:
+        monkeypatch.setattr(D._Writer, "write", _refuse("the driver wrote an output"))
+    else:
+        monkeypatch.setattr(D, "_shares_files", lambda ray, infos, probes, address: [False] * len(infos))
+    before = sorted(p.name for p in full_fs.iterdir())
+    with pytest.raises(OutputError, match="No space left on device") as ei:
+        run_batch(tiny, src, npus=NPUS, output=full_fs, progress=False)
+    assert ei.value.exit_code == 3
+    assert sorted(p.name for p in full_fs.iterdir()) == before  # not one .npy, not one .part
+
+
+# last in the module: after a row raised, Ray Data 2.60 keeps one actor of the pool, and its NPU, until
+# the driver ends (here: the module's cluster shuts down)
 def test_ray_data_map_batches_runs_the_model_row_by_row(cluster, tiny):
     rd = pytest.importorskip("ray.data", reason="needs Ray Data: pip install 'npu-deploy[ray]'")
     from npu_deploy.distributed import NpuPredictor
@@ -510,23 +531,3 @@ def test_ray_data_map_batches_runs_the_model_row_by_row(cluster, tiny):
     two = rd.from_items([{"image": x, "id": i} for i, x in enumerate(xs[:4])])
     with pytest.raises(Exception, match=r"model input 'x': no column 'x' in the batch"):
         two.map_batches(NpuPredictor, fn_constructor_kwargs={"model": str(tiny)}, **kw).take_all()
-
-
-@pytest.mark.parametrize("shared", [True, False], ids=["written-by-the-actors", "written-here"])
-def test_a_full_output_disk_stops_the_run_with_one_exit_3_error_and_no_partial_file(cluster, tiny, tmp_path,
-                                                                                   full_fs, monkeypatch, shared):
-    from npu_deploy.errors import OutputError
-
-    src = tmp_path / "in"
-    src.mkdir()
-    for i, x in enumerate(_samples(64, seed=8)):
-        np.save(src / f"s{i:03d}.npy", x)
-    if shared:
-        monkeypatch.setattr(D._Writer, "write", _refuse("the driver wrote an output"))
-    else:
-        monkeypatch.setattr(D, "_shares_files", lambda ray, infos, probes, address: [False] * len(infos))
-    before = sorted(p.name for p in full_fs.iterdir())
-    with pytest.raises(OutputError, match="No space left on device") as ei:
-        run_batch(tiny, src, npus=NPUS, output=full_fs, progress=False)
-    assert ei.value.exit_code == 3
-    assert sorted(p.name for p in full_fs.iterdir()) == before  # not one .npy, not one .part
