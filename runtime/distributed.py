@@ -334,9 +334,6 @@ class _Ring:
         return {name: np.ndarray(shape, np.dtype(dtype), buffer=self.shm.buf, offset=off).copy()
                 for name, (off, shape, dtype) in places.items()}
 
-    def release(self, slot: int) -> None:
-        self.free.append(slot)
-
     def release_all(self, slots: list[int]) -> None:
         self.free.extend(slots)
 
@@ -537,6 +534,8 @@ class NpuWorker:
             path = Path(name)
         self.session = open_session(path, backend, device_id_for(ids), threads)
         self.backend = getattr(self.session, "backend_name", None) or getattr(self.session, "name", "")
+        self.input_names = [m.name for m in self.session.get_inputs()]
+        self.output_names = [m.name for m in self.session.get_outputs()]
         self._warm_up()
 
     def _warm_up(self) -> None:
@@ -569,8 +568,6 @@ class NpuWorker:
         """Who this actor is, the model's input and output names, and ``(st_dev, st_ino)`` of each
         ``probes`` path as this actor sees it (None where it cannot): the driver compares them with its
         own to know whether the actor shares its files."""
-        self.input_names = [m.name for m in self.session.get_inputs()]
-        self.output_names = [m.name for m in self.session.get_outputs()]
         shares_memory = False
         if shm_probe is not None:  # does this actor see the driver's shared memory (same node, same /dev/shm)?
             try:
@@ -587,10 +584,8 @@ class NpuWorker:
         """``(restarted, [(ok, outputs | temporary output file | error text, seconds), ...])`` for a chunk
         of samples (``None`` for the list: this actor cannot see the chunk's shared memory; ``ok`` None:
         an output could not be written, the error object follows and the chunk ends there); the seconds
-        are the session's run. A bad sample never kills the actor nor the rest of
-        its chunk."""
+        are the session's run. A bad sample never kills the actor nor the rest of its chunk."""
         out = []
-        names = getattr(self, "input_names", None) or [m.name for m in self.session.get_inputs()]
         try:
             ring = self._ring_buffer(chunk.ring)
         except Exception:  # restarted where the driver's shared memory is not: the driver resends the arrays
@@ -598,7 +593,7 @@ class NpuWorker:
         for i in range(len(chunk)):
             seconds = 0.0
             try:
-                feeds = chunk.sample(i, names, ring)
+                feeds = chunk.sample(i, self.input_names, ring)
                 t0 = time.perf_counter()
                 outs = self.session.run(None, feeds)
                 seconds = time.perf_counter() - t0
@@ -617,8 +612,7 @@ class NpuWorker:
         return self.restarted, out
 
     def _write(self, dest: str, outs: list) -> Path:
-        names = getattr(self, "output_names", None) or [m.name for m in self.session.get_outputs()]
-        return write_part(dest, lambda f: write_outputs(f, outs, names))
+        return write_part(dest, lambda f: write_outputs(f, outs, self.output_names))
 
 
 class NpuPredictor(NpuWorker):
@@ -633,15 +627,12 @@ class NpuPredictor(NpuWorker):
     output becomes a column of the same name. A row the model refuses raises, as Ray Data expects (its
     own ``max_errored_blocks`` decides what then happens; Ray Data 2.60 then keeps the actor, and its NPU,
     until the driver ends); :func:`run_batch` is the path that reports failures per sample and writes
-    files. Devices, warm-up and the ``.om``/bundle choice are those of
-    :func:`run_batch`'s workers.
+    files. Devices, warm-up and the ``.om``/bundle choice are those of :func:`run_batch`'s workers.
     """
 
     def __init__(self, model: str | os.PathLike, backend: str = "auto", threads: int | None = None,
                  columns: dict[str, str] | None = None):
         super().__init__(str(model), backend, threads)
-        self.input_names = [m.name for m in self.session.get_inputs()]
-        self.output_names = [m.name for m in self.session.get_outputs()]
         self.columns = dict(columns or {})
 
     def _column_of(self, name: str, batch: dict) -> str:
@@ -904,7 +895,7 @@ def _drive(ray, actors, infos, model, inputs, output, max_in_flight, chunk_size,
     done_per = [0] * n
     failed_per = [0] * n
     restarted = [False] * n
-    pending: dict = {}          # ObjectRef -> (worker, [sample, ...], [shared memory slot, ...])
+    pending: dict = {}          # ObjectRef -> (worker, [sample, ...], [shared memory slot, ...], their places)
     ring: _Ring | None = None   # for the samples sent to actors on this node
     finished: dict = {}         # index -> (sample, outputs | temporary output file | None, error | None)
     failures: list[SampleFailure] = []
@@ -962,8 +953,7 @@ def _drive(ray, actors, infos, model, inputs, output, max_in_flight, chunk_size,
                 if len(places) == len(todo):
                     call = _Chunk(slots=places, ring=ring.name)
                 else:  # one did not fit: this chunk goes through Ray
-                    for slot in slots:
-                        ring.release(slot)
+                    ring.release_all(slots)
                     slots = []
             for s in todo:
                 s.feeds = None  # the chunk (or the shared memory) holds them now; a retry is Ray's
