@@ -564,7 +564,7 @@ def load_npz(path: str | os.PathLike) -> dict[str, np.ndarray]:
         arrays: dict[str, np.ndarray] = {}
         with zipfile.ZipFile(p) as z:
             for info in z.infolist():
-                if info.is_dir():
+                if info.filename.endswith("/"):  # a folder entry (zipfile's is_dir() fails on an empty name)
                     continue
                 if not info.filename.endswith(".npy"):
                     raise InputError(f"{p}: member {info.filename!r} is not an array (.npy)", hint=hint)
