@@ -25,7 +25,19 @@ def interactive(quiet: bool = False) -> bool:
         return False
 
 
-class Stages:
+class _Bar:
+    """A rich progress display that may or may not have started; stopped when the block ends."""
+
+    _progress = None
+
+    def __exit__(self, *exc):
+        if self._progress is not None:
+            self._progress.stop()
+            self._progress = None
+        return False
+
+
+class Stages(_Bar):
     """A ``progress(stage, fraction)`` callback drawing a live line on stderr (a no-op when disabled).
 
     >>> with Stages(enabled=False) as say:
@@ -50,11 +62,6 @@ class Stages:
             self._task = self._progress.add_task("starting", total=None)
         return self
 
-    def __exit__(self, *exc):
-        if self._progress is not None:
-            self._progress.stop()
-            self._progress = None
-        return False
 
     def __call__(self, stage: str, fraction: float | None = None) -> None:
         if stage.startswith("atc: "):
@@ -71,7 +78,7 @@ class Stages:
                               completed=fraction if fraction is not None else 0)
 
 
-class RunProgress:
+class RunProgress(_Bar):
     """Progress of ``loop`` runs, shown only once the work has lasted ``after_s`` seconds (a short run
     stays quiet; a long one, whatever its loop count, shows a bar)."""
 
@@ -86,11 +93,6 @@ class RunProgress:
         self._t0 = time.perf_counter()
         return self
 
-    def __exit__(self, *exc):
-        if self._progress is not None:
-            self._progress.stop()
-            self._progress = None
-        return False
 
     def __call__(self, *_):
         self.done += 1

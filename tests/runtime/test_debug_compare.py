@@ -92,13 +92,19 @@ def test_float32_metrics_match_a_float64_oracle_even_when_cosine_is_near_1():
         assert m["std_device"] == pytest.approx(d64.std(), rel=1e-5)
 
 
-def test_small_model_rows_map_every_node_and_transdata_is_device_only(tmp_path):
+def _small_recorded(tmp_path):
+    """The small model, its force_fp16 bundle, one input and the recorded run of the bundle."""
     src = small_model(tmp_path)
     b = tmp_path / "m.bundle"
     npu_deploy.convert(src, b, backend="builtin", precision_mode="force_fp16")
     x = np.random.default_rng(0).standard_normal((1, 3, 8, 8)).astype(np.float32)
     with EmulatorBackend(b) as be:
         _, ops = be.run_recorded({"x": x})
+    return src, b, x, ops
+
+
+def test_small_model_rows_map_every_node_and_transdata_is_device_only(tmp_path):
+    src, b, x, ops = _small_recorded(tmp_path)
     res = debug_compare(src, ops, inputs={"x": x}, bundle=b)
     by_tensor = {r.tensor: r for r in res.rows if not r.device_only}
     assert {"c", "y"} <= set(by_tensor)
@@ -171,12 +177,7 @@ def test_om_mapping_fused_op_compares_many_to_one(tmp_path):
 
 
 def test_renderings_csv_columns_json_round_trip_and_escaped_html(tmp_path):
-    src = small_model(tmp_path)
-    b = tmp_path / "m.bundle"
-    npu_deploy.convert(src, b, backend="builtin", precision_mode="force_fp16")
-    x = np.random.default_rng(0).standard_normal((1, 3, 8, 8)).astype(np.float32)
-    with EmulatorBackend(b) as be:
-        _, ops = be.run_recorded({"x": x})
+    src, b, x, ops = _small_recorded(tmp_path)
     res = debug_compare(src, ops, inputs={"x": x}, bundle=b, cosine_min=1.0)
     res.rows[0].op = "<script>alert(1)</script>\x1b[2J"
     import csv
