@@ -167,8 +167,8 @@ def make_wide_graph(folder: Path, nodes_target: int = 2000, d: int = 64, s: int 
 
 
 def bench_plan() -> dict:
-    from npu_deploy.converters.onnx_model import load_model
-    from npu_deploy.converters.planner import plan
+    from npu_deploy.converters.files.onnx_model import load_model
+    from npu_deploy.converters.lowering.planner import plan
 
     with tempfile.TemporaryDirectory() as d:
         path = make_wide_graph(Path(d))
@@ -197,8 +197,8 @@ REAL = {  # file in the model cache (tests/conftest.py downloads and verifies th
 
 def bench_real() -> list[dict]:
     """Plan figures for the real models already in the test cache (skipped when absent)."""
-    from npu_deploy.converters.onnx_model import load_model
-    from npu_deploy.converters.planner import plan
+    from npu_deploy.converters.files.onnx_model import load_model
+    from npu_deploy.converters.lowering.planner import plan
 
     cache = Path(os.environ.get("NPU_DEPLOY_MODEL_CACHE", Path.home() / ".cache" / "npu-deploy")) / "models"
     rows = []

@@ -33,10 +33,10 @@ sys.path.append(str(REPO))  # last: only for the tests' model cache helper
 from tests.conftest import real_model_path  # noqa: E402
 
 import npu_deploy  # noqa: E402
-from npu_deploy.converters import dump as dumpfmt  # noqa: E402
-from npu_deploy.runtime.debug_compare import debug_compare, golden_outputs, load_named_model  # noqa: E402
+from npu_deploy.converters.files import dump as dumpfmt  # noqa: E402
+from npu_deploy.runtime.check.debug_compare import debug_compare, golden_outputs, load_named_model  # noqa: E402
 from npu_deploy.runtime.emulator import EmulatorBackend  # noqa: E402
-from npu_deploy.runtime.precision import precision_search  # noqa: E402
+from npu_deploy.runtime.check.precision import precision_search  # noqa: E402
 
 CASES = {
     "MiniLM-L3 seq128 b1": ("minilm", {"input_ids": (1, 128), "attention_mask": (1, 128)}),

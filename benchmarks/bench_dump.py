@@ -45,7 +45,7 @@ def main() -> None:
     args = ap.parse_args()
 
     import npu_deploy
-    from npu_deploy.converters.dump import read_dump_folder, write_dump_folder
+    from npu_deploy.converters.files.dump import read_dump_folder, write_dump_folder
     from npu_deploy.runtime.emulator import EmulatorBackend
     from tests.conftest import real_model_path
 

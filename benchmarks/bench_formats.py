@@ -31,7 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
-from npu_deploy.converters import _fastcopy
+from npu_deploy.converters.formats import _fastcopy
 from npu_deploy.converters import formats as F
 
 HERE = Path(__file__).resolve().parent
@@ -460,7 +460,7 @@ no longer materialises its first stage: that stage only moves axes, so the secon
 weight through a strided view (one pass instead of two, no intermediate). With `e > 1`, and for
 FRACTAL_Z_C04, the intermediate is a per-thread buffer kept between calls (up to 64 MiB).
 
-**Large tensors** (`converters/_copykernel.c`, SSE2 only, which every x86-64 has):
+**Large tensors** (`converters/formats/_copykernel.c`, SSE2 only, which every x86-64 has):
 
 * register transposes for 1-, 2- and 4-byte elements: 16×16 and 8×8 bytes, 8×8 halves, 4×4 words
   (before: 2-byte only; fp32 and int8 went element by element); for bytes whose destination rows
@@ -528,7 +528,7 @@ CPU time) is less affected. The summary line under the tables counts this run's 
 
 Exactness: every path (gather, kernel program, streaming stores, threads, the no-kernel fallback,
 the plain derived interpreter) is checked byte for byte against the independent oracle in
-`tests/converters/test_formats_oracle.py` and against each other in `test_formats_recipe.py`,
+`tests/converters/formats/test_formats_oracle.py` and against each other in `test_formats_recipe.py`,
 `test_formats_fastcopy.py` and `test_copykernel.py`.
 """
 

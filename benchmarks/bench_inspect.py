@@ -25,8 +25,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.append(str(REPO))  # for tests/ only: last, so the installed npu_deploy wins over the
                              # repository's partial npu_deploy/ folder (non-editable installs)
 
-from npu_deploy.converters.inspect import inspect  # noqa: E402
-from npu_deploy.converters.om import read_om  # noqa: E402
+from npu_deploy.runtime.check.inspect import inspect  # noqa: E402
+from npu_deploy.converters.files.om import read_om  # noqa: E402
 from tests.standins.omfile import ModelDef, build_om, op, tensor, transdata  # noqa: E402
 
 

@@ -23,10 +23,10 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.append(str(REPO))  # for tests/ only: last, so the installed npu_deploy wins over the
                              # repository's partial npu_deploy/ folder (non-editable installs)
 
-from npu_deploy.converters import memory  # noqa: E402
-from npu_deploy.converters.cost import (SOC_PROFILES, OpWork, model_tensor_types,  # noqa: E402
+from npu_deploy.converters.lowering import memory  # noqa: E402
+from npu_deploy.converters.lowering.cost import (SOC_PROFILES, OpWork, model_tensor_types,  # noqa: E402
                                         op_time_us, transdata_time_us)
-from npu_deploy.converters.memory import MemTensor, memtensors_from_graph, plan_memory  # noqa: E402
+from npu_deploy.converters.lowering.memory import MemTensor, memtensors_from_graph, plan_memory  # noqa: E402
 
 
 def synthetic(n: int, seed: int = 0) -> list[MemTensor]:
@@ -131,7 +131,7 @@ def bench_real_cost() -> list[dict]:
     """Whole-model baseline estimates (every op on AI Core, no TransData) on both SoCs."""
     import onnx
 
-    from npu_deploy.converters.cost import estimate, model_ops
+    from npu_deploy.converters.lowering.cost import estimate, model_ops
     from tests.conftest import real_model_path
 
     rows = []
@@ -225,7 +225,7 @@ def write_fragment(path: Path, speed, real, td, gemm, real_cost=()) -> None:
             lines.append(f"| {r['model']} | {r['ops']} | "
                          + " | ".join(f"{r[s][0] / 1000:.3f} ms" for s in socs) + f" | {top} |")
     lines += ["", "## Cost model against the source material (all figures are estimates)", "",
-              "Every constant is in `converters/cost.py` `SOC_PROFILES` with its source or marked "
+              "Every constant is in `converters/lowering/cost.py` `SOC_PROFILES` with its source or marked "
               "as an assumption (peak FP16/INT8 and bandwidth from the datasheet figures in "
               "design.md; launch overhead 3 µs, efficiencies, vector and AI CPU rates are "
               "assumptions). TransData = launch + (source bytes + destination bytes) / "
@@ -268,13 +268,13 @@ def write_fragment(path: Path, speed, real, td, gemm, real_cost=()) -> None:
               "~1.5x is not reached; if real traces "
               "confirm it for mid-size GEMMs, the missing effect is the cube stalling on "
               "strided loads (not modelled), and `nd_load_efficiency` is the constant to lower. "
-              "The tests pin these numbers (`tests/converters/test_cost.py`: TRANSDATA_CHECK, "
+              "The tests pin these numbers (`tests/converters/lowering/test_cost.py`: TRANSDATA_CHECK, "
               "GEMM_CHECK).", "",
               "None of this has been checked against a real device: no NPU here. Treat the "
               "per-op times as a ranking aid and the FormatTrans share (flagged above 8 %) as a "
               "prompt to profile, not as a measurement.", "",
               "## ATC driver", "",
-              "`converters/atc.py` has been verified **only against the stand-in** "
+              "`converters/lowering/atc.py` has been verified **only against the stand-in** "
               "`tests/standins/atc`, which enforces ATC's documented command line, exit statuses, "
               "stdout protocol, error blocks and `.om` header (reference `atc-acl-om.md` §1); no "
               "real ATC has run it. It has no speed figures: ATC's own compile time dominates.", ""]

@@ -48,7 +48,7 @@ def _ints(text: str | None, option: str, n: int) -> tuple[int, ...] | None:
 @click.option("-o", "--output", type=click.Path(dir_okay=False), default=None, help="Write the config here.")
 def command(check_path, input_format, size, mean, std, crop, src_size, swap, output):
     """Write or check an AIPP config (ATC's --insert_op_conf; also the built-in lowering's)."""
-    from npu_deploy.converters import aipp
+    from npu_deploy.converters.lowering import aipp
 
     if check_path:
         configs = aipp.parse_config(check_path)

@@ -59,7 +59,7 @@ def command(ctx, reference, target, atol, rtol, error_stat, val_range, samples, 
     Example: npu-deploy compare model.onnx model.bundle --save-inputs case.npz
     """
     from npu_deploy.cli.run import build_feeds, input_files
-    from npu_deploy.runtime.compare import check_thresholds, compare, load_inputs as load_npz
+    from npu_deploy.runtime.check.compare import check_thresholds, compare, load_inputs as load_npz
     from npu_deploy.runtime.session import InferenceSession
 
     if load_inputs and inputs:
@@ -83,7 +83,7 @@ def command(ctx, reference, target, atol, rtol, error_stat, val_range, samples, 
         if load_inputs:
             feeds = [load_npz(f) for f in load_inputs]
         elif inputs:
-            from npu_deploy.runtime.compare import generate_inputs, index_ranges
+            from npu_deploy.runtime.check.compare import generate_inputs, index_ranges
 
             metas = sess.get_inputs()
             given = build_feeds(metas, inputs, None, None, shapes, None, seed)

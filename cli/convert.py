@@ -1,4 +1,4 @@
-"""``npu-deploy convert``: a thin shell over :func:`npu_deploy.converters.convert.convert`.
+"""``npu-deploy convert``: a thin shell over :func:`npu_deploy.converters.lowering.convert.convert`.
 
 ATC's spellings are accepted as they are, so an ``atc`` command line pasted after ``npu-deploy convert``
 runs: ``--model``, ``--framework=5``, ``--output``, ``--soc_version``, ``--input_shape``,
@@ -18,7 +18,7 @@ from npu_deploy._text import printable
 from npu_deploy.cli.feedback import Stages, interactive
 from npu_deploy.cli.options import (HabitCommand, flag_from_01, parse_input_shapes, parse_int_list,
                                     refuse_overwriting, soc_option)
-from npu_deploy.converters.options import ALL_INPUT_FORMATS, ALL_PRECISION_MODES, BACKENDS
+from npu_deploy.converters.lowering.options import ALL_INPUT_FORMATS, ALL_PRECISION_MODES, BACKENDS
 from npu_deploy.errors import InputError
 
 # ATC spellings whose value changes meaning here; the others are extra names of our options below
@@ -118,8 +118,8 @@ def command(model, model_opt, framework, output, backend, soc, input_shape, inpu
 
     ATC's own spellings work too: paste an atc command line after 'npu-deploy convert'.
     """
-    from npu_deploy.converters.atc import LOG_LEVELS
-    from npu_deploy.converters.convert import convert
+    from npu_deploy.converters.lowering.atc import LOG_LEVELS
+    from npu_deploy.converters.lowering.convert import convert
 
     model = _model(model, model_opt)
     if framework is not None and framework.strip().lower() not in ONNX_FRAMEWORK:

@@ -64,7 +64,7 @@ def compare_command(ctx, model, dumps, bundle, om, inputs, input_files, cosine_m
     Example: npu-deploy run model.bundle --input x=x.npy --dump d/ &&
     npu-deploy debug compare model.onnx d/ --bundle model.bundle --input x=x.npy --html report.html
     """
-    from npu_deploy.runtime.debug_compare import debug_compare
+    from npu_deploy.runtime.check.debug_compare import debug_compare
 
     outs = [("--csv", csv_path), ("--json", json_path), ("--html", html_path)]
     refuse_overwriting(outs, [("model", model), ("dump", dumps), ("bundle", bundle), ("om", om), ("inputs", inputs),
@@ -140,7 +140,7 @@ def precision_command(ctx, model, inputs, samples, seed, input_shape, cosine, ma
     Example: npu-deploy debug precision model.onnx --cosine 0.999 -o keep_dtype.cfg &&
     npu-deploy convert model.onnx --keep-dtype keep_dtype.cfg
     """
-    from npu_deploy.runtime.precision import PrecisionSearch, load_samples
+    from npu_deploy.runtime.check.precision import PrecisionSearch, load_samples
 
     refuse_overwriting([("-o", output), ("--json", json_path), ("--checkpoint", checkpoint)],
                        [("model", model), *[("inputs", p) for p in inputs]])

@@ -38,13 +38,13 @@ def command(ctx, file, json_path, ops, layers, soc, precision_mode, input_shape,
     is told by the file's content. Exit 0 when it reads cleanly, 1 when an integrity check fails,
     2 when it cannot be read.
     """
-    from npu_deploy.converters.inspect import inspect, render_text
+    from npu_deploy.runtime.check.inspect import inspect, render_text
 
     refuse_overwriting([("--json", json_path)], [("inspected file", file)])
     if fail_on_diff and against_onnx is None:
         raise click.UsageError("--fail-on-diff goes with --against MODEL.onnx")
     if against_onnx is not None:
-        from npu_deploy.converters import against
+        from npu_deploy.runtime.check import against
 
         refuse_overwriting([("--json", json_path)], [("--against model", against_onnx)])
         diff = against.against(file, against_onnx, soc=soc, precision_mode=precision_mode,

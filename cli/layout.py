@@ -170,7 +170,8 @@ def convert(in_path, out_path, src, dst, shape_text, dtype_text, c0, groups, ori
     OUT ending in .npy holds the array in its storage shape (NC1HWC0 gives a 5-D array), so
     numpy.load returns exactly the bytes a device would hold; any other OUT is written as raw bytes.
     """
-    from npu_deploy.converters import dump, formats
+    from npu_deploy.converters.files import dump
+    from npu_deploy.converters import formats
 
     refuse_overwriting([("OUT", out_path)], [("input IN", in_path)])
     if tensor is not None or (src is None and in_path.is_file() and dump.looks_like_dump(in_path)):
@@ -217,7 +218,8 @@ def _convert_dump(in_path: Path, out_path: Path, tensor: str | None, dst: str | 
                   shape_text: str | None, dtype_text: str | None, c0: int | None, groups: int,
                   origin: str | None) -> None:
     """One tensor of an operator dump -> its logical array (default) or ``dst``."""
-    from npu_deploy.converters import dump, formats
+    from npu_deploy.converters.files import dump
+    from npu_deploy.converters import formats
 
     d = dump.read_dump(in_path)
     if tensor is None:

@@ -83,7 +83,7 @@ tolerance_options = [
     click.option("--rtol", type=float, default=None,
                  help="Relative tolerance, finite and >= 0 (default by precision)."),
 ]
-# (checked by npu_deploy.runtime.compare.check_thresholds, the one place that decides what is valid)
+# (checked by npu_deploy.runtime.check.compare.check_thresholds, the one place that decides what is valid)
 
 # Polygraphy's spelling: a number for every output, or NAME:number for one (repeatable, mixable)
 per_output_tolerance_options = [

@@ -238,8 +238,8 @@ def _dump_emulator(sess, feeds: dict, dump_dir: str, model: str, device_id: int)
     the ACL folder layout (iteration 0; the timed runs that follow are not dumped)."""
     import time
 
-    from npu_deploy.converters.bundle import read_bundle
-    from npu_deploy.converters.dump import dump_run_folder, onnx_output_indices, write_dump_folder
+    from npu_deploy.converters.files.bundle import read_bundle
+    from npu_deploy.converters.files.dump import dump_run_folder, onnx_output_indices, write_dump_folder
 
     if sess.backend_name != "emulator":  # an .onnx converted on the fly for a device: acl.init came first
         raise InputError(f"--dump: {model} was converted for the device on the fly, too late to switch "
@@ -254,7 +254,7 @@ def _dump_emulator(sess, feeds: dict, dump_dir: str, model: str, device_id: int)
             break
     written = write_dump_folder(folder, ops, output_index=index)
     # the feeds of the dumped run, where `debug compare` looks for them (its golden run needs them)
-    from npu_deploy.runtime.compare import save_inputs
+    from npu_deploy.runtime.check.compare import save_inputs
 
     save_inputs(folder / "inputs.npz", feeds)
     click.echo(printable(f"dump: {len(written)} op dump files and their inputs (inputs.npz) in {folder}"))
@@ -332,7 +332,7 @@ REWRITES = {"--model": positional("--model"),
               help="Batch mode on a running Ray cluster (host:port, ray://host:port or auto); "
                    "default: a local cluster declaring --npus NPUs.")
 # -- end of batch options --
-# -- operator dumps (npu_deploy.converters.dump) --
+# -- operator dumps (npu_deploy.converters.files.dump) --
 @click.option("--dump", "dump_dir", type=click.Path(file_okay=False), default=None, metavar="DIR",
               help="Dump every op's input and output tensors (device format) as ACL operator dump files "
                    "under DIR/{time}/{device}/{model}/1/0/. Emulator: one extra recorded run of the same "

@@ -13,6 +13,18 @@ bundle on the CPU emulator or an ``.om`` on a device), ``compare`` (against onnx
 from __future__ import annotations
 
 import importlib
+import os
+
+# Installed, this package holds its sub-packages (cli, converters, runtime, profiling) as folders of its
+# own. In a source checkout they are the repository's top-level folders (pyproject's package-dir), and
+# this folder is the one Python finds first when the checkout's root is on sys.path (a script run from
+# the root, ``python -c``): without the line below, that partial package would shadow the installed one
+# (``npu_deploy.runtime`` not found). So a checkout's root is searched for sub-packages too.
+_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if not os.path.isdir(os.path.join(os.path.dirname(os.path.abspath(__file__)), "runtime")) and all(
+        os.path.isfile(os.path.join(_root, sub, "__init__.py")) for sub in ("cli", "converters", "runtime", "profiling")):
+    __path__.append(_root)  # noqa: F821 (a package's __path__)
+del _root
 
 from npu_deploy._version import __version__
 from npu_deploy.errors import (
@@ -33,11 +45,11 @@ from npu_deploy.errors import (
 
 # name -> "module:attribute"; resolved lazily so `import npu_deploy` stays cheap and CANN-free.
 _LAZY = {
-    "convert": "npu_deploy.converters.convert:convert",
+    "convert": "npu_deploy.converters.lowering.convert:convert",
     "InferenceSession": "npu_deploy.runtime.session:InferenceSession",
-    "compare": "npu_deploy.runtime.compare:compare",
+    "compare": "npu_deploy.runtime.check.compare:compare",
     "analyze_profile": "npu_deploy.profiling.analyze:analyze_profile",
-    "inspect": "npu_deploy.converters.inspect:inspect",
+    "inspect": "npu_deploy.runtime.check.inspect:inspect",
 }
 
 __all__ = [

@@ -114,14 +114,14 @@ def profile_on_emulator(model: str | os.PathLike, output_dir: str | os.PathLike,
     bundle = model
     try:
         if _is_onnx(model):
-            import npu_deploy
+            from npu_deploy.converters.lowering.convert import convert
 
             tmpdir = tempfile.mkdtemp(prefix=".npu-deploy-profile-", dir=out)
             bundle = Path(tmpdir) / (model.stem + ".bundle")
             kwargs = {"backend": "builtin", **dict(convert_options or {})}
             if input_shapes and "input_shapes" not in kwargs:
                 kwargs["input_shapes"] = {k: tuple(v) for k, v in input_shapes.items()}
-            result = npu_deploy.convert(model, output=bundle, **kwargs)
+            result = convert(model, output=bundle, **kwargs)
             bundle = Path(getattr(result, "output", None) or bundle)
         sess = InferenceSession(bundle, backend="emulator", profile=True, profile_dir=out)
         try:
@@ -175,7 +175,7 @@ def _is_onnx(path: Path) -> bool:
     if path.suffix.lower() == ".onnx":
         return True
     try:
-        from npu_deploy.converters.bundle import is_bundle
+        from npu_deploy.converters.files.bundle import is_bundle
 
         return not is_bundle(path) and path.suffix.lower() != ".om"
     except ImportError:  # pragma: no cover - bundle module is part of the package
@@ -205,12 +205,12 @@ def profile_model(model: str | os.PathLike, output_dir: str | os.PathLike, *,
         tmpdir = None
         try:
             if _is_onnx(model):
-                import npu_deploy
+                from npu_deploy.converters.lowering.convert import convert
 
                 Path(output_dir).mkdir(parents=True, exist_ok=True)
                 tmpdir = tempfile.mkdtemp(prefix=".npu-deploy-profile-", dir=output_dir)
                 shapes = {k: tuple(v) for k, v in input_shapes.items()} if input_shapes else None
-                result = npu_deploy.convert(model, output=Path(tmpdir) / model.stem, input_shapes=shapes)
+                result = convert(model, output=Path(tmpdir) / model.stem, input_shapes=shapes)
                 model = Path(result.output)
                 if not model.is_file():
                     raise ModelError(f"{model}: conversion produced no model file")

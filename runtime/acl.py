@@ -6,7 +6,7 @@ with the strict stand-ins in ``tests/standins/``; no real device was available t
 What it does, in order (:meth:`AclBackend.activate`):
 
 1. **Preflight, before touching a device**: the file is read with
-   :func:`npu_deploy.converters.om.preflight_info` (SoC, dynamic mode, gears, I/O). A requested
+   :func:`npu_deploy.converters.files.om.preflight_info` (SoC, dynamic mode, gears, I/O). A requested
    ``dynamic_batch`` / ``dynamic_dims`` the model was not built for is an error naming the model's gears.
 2. pyACL is imported lazily (:func:`npu_deploy.runtime.device.load_acl`; missing → ``DependencyError``,
    exit 3), ACL is initialised once per process, and the device's SoC (``acl.get_soc_name``) is
@@ -168,7 +168,7 @@ class AclBackend(Backend):
     def _preflight(self) -> None:
         if not self.path.is_file():
             raise InputError(f"model file {self.path} does not exist", hint="check the path")
-        from npu_deploy.converters.om import preflight_info
+        from npu_deploy.converters.files.om import preflight_info
 
         pf = preflight_info(self.path)
         self.preflight = pf
@@ -728,7 +728,7 @@ def enable_dump(dump_path: str | os.PathLike, om_path: str | os.PathLike, *, mod
     import json
 
     from npu_deploy._io import atomic_write, make_output_folder
-    from npu_deploy.converters.om import preflight_info
+    from npu_deploy.converters.files.om import preflight_info
 
     model_name = preflight_info(om_path).model_name or Path(om_path).stem
     folder = make_output_folder(dump_path)

@@ -78,6 +78,13 @@ import numpy as np
 
 from npu_deploy.errors import InputError, InternalError
 
+# onnxruntime's tensor type names (``NodeArg.type``) -> numpy dtype names: the one table, for the
+# session's onnxruntime-style metadata, compare's and debug compare's feeds.
+ORT_TYPES = {"tensor(float)": "float32", "tensor(float16)": "float16", "tensor(double)": "float64",
+             "tensor(int8)": "int8", "tensor(uint8)": "uint8", "tensor(int16)": "int16",
+             "tensor(uint16)": "uint16", "tensor(int32)": "int32", "tensor(uint32)": "uint32",
+             "tensor(int64)": "int64", "tensor(uint64)": "uint64", "tensor(bool)": "bool"}
+
 PHASES = ("h2d", "compute", "d2h")
 
 

@@ -4,7 +4,7 @@ Measured with ATC + ACL: verified against stand-ins only (``tests/standins/atc``
 stand-in); no real Ascend device has run this code yet.
 
 :class:`AtcAclTimer` is "compute time from ONNX": the model is compiled to an ``.om`` by ATC
-(:func:`npu_deploy.converters.convert.convert`, ``backend="atc"``, the verification inputs' shapes
+(:func:`npu_deploy.converters.lowering.convert.convert`, ``backend="atc"``, the verification inputs' shapes
 made static), loaded with :class:`~npu_deploy.runtime.session.InferenceSession` (the ACL backend) and
 run ``warmup + runs`` times on the same feeds (:func:`~npu_deploy.runtime.bench.benchmark`); the
 figure is the median of the compute phase (``acl.mdl.execute``), without the host<->device copies.
@@ -25,8 +25,8 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from npu_deploy.converters.atc import require_atc
-from npu_deploy.converters.convert import convert
+from npu_deploy.converters.lowering.atc import require_atc
+from npu_deploy.converters.lowering.convert import convert
 from npu_deploy.errors import InputError
 from npu_deploy.runtime import device
 from npu_deploy.runtime.bench import benchmark

@@ -2,7 +2,7 @@
 
 What it does, in order:
 
-* **Load** — reads and validates the bundle (:func:`npu_deploy.converters.bundle.read_bundle`), unpacks
+* **Load** — reads and validates the bundle (:func:`npu_deploy.converters.files.bundle.read_bundle`), unpacks
   every pre-packed weight from its device format back to the logical tensor (``Bundle.unpack``, i.e. the
   format core), and puts the weights back into the lowered graph.
 * **Precision** — every float tensor the plan holds in float16/bfloat16 on the device (manifest
@@ -163,7 +163,7 @@ class ExecutedTensor:
         """The buffer back in the tensor's logical layout (through the format core)."""
         from npu_deploy.converters import formats
 
-        from npu_deploy.converters.format_graph import is_identity
+        from npu_deploy.converters.formats.graph import is_identity
 
         st = self.stored
         if is_identity(st.format):  # a plain buffer in the tensor's own axis order is the tensor
@@ -243,7 +243,7 @@ class EmulatorBackend(Backend):
         return self._manifest.get("precision_mode")
 
     def _load_metadata(self) -> None:
-        from npu_deploy.converters.bundle import read_bundle
+        from npu_deploy.converters.files.bundle import read_bundle
 
         with read_bundle(self.path, verify=False) as b:
             self._manifest = b.manifest
@@ -280,7 +280,7 @@ class EmulatorBackend(Backend):
 
     # ------------------------------------------------------------------ life cycle
     def _activate(self) -> None:
-        from npu_deploy.converters.bundle import read_bundle
+        from npu_deploy.converters.files.bundle import read_bundle
 
         with read_bundle(self.path, verify=True) as bundle:
             weights = bundle_weights(bundle)
@@ -674,7 +674,7 @@ def _transdata_us(entry: dict[str, Any], soc: str) -> float:
         if isinstance(entry.get(key), (int, float)):
             return float(entry[key])
     try:
-        from npu_deploy.converters.cost import transdata_time_us
+        from npu_deploy.converters.lowering.cost import transdata_time_us
 
         return float(transdata_time_us(int(entry.get("bytes") or 0), str(entry.get("src_format")),
                                        str(entry.get("dst_format")), soc))

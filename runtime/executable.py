@@ -6,7 +6,7 @@ weight blob) and one set of concrete input shapes into a graph in which
 * every planned tensor lives in its **device format and storage shape** (C padded to C0, M/N padded
   to 16; zero padding) and in its **device dtype** (float16 where the plan stores it so): the
   producer's logical result is cast and packed (``Cast`` → ``Pad`` → ``Reshape`` → ``Transpose`` →
-  ``Reshape``, derived from the format registry by :mod:`npu_deploy.converters.format_graph`);
+  ``Reshape``, derived from the format registry by :mod:`npu_deploy.converters.formats.graph`);
 * every planned **TransData** is an explicit subgraph (unpack from its source format, pack to its
   destination format), named after it (``trans_TransData_3/...``);
 * every op reads each input **in the format its node record says** (``node_formats[node]
@@ -43,9 +43,10 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from npu_deploy.converters import format_graph, formats
-from npu_deploy.converters.format_graph import IDENTITY_PLAIN, is_identity, norm_format, same_format
-from npu_deploy.converters.fusion import BINARY_ELEMENTWISE, UNARY_ELEMENTWISE, subgraph_reads
+from npu_deploy.converters.formats import graph as format_graph
+from npu_deploy.converters import formats
+from npu_deploy.converters.formats.graph import IDENTITY_PLAIN, is_identity, norm_format, same_format
+from npu_deploy.converters.lowering.fusion import BINARY_ELEMENTWISE, UNARY_ELEMENTWISE, subgraph_reads
 from npu_deploy.errors import FormatError, ModelError
 
 LOW_PRECISION = {"float16": TensorProto.FLOAT16, "bfloat16": TensorProto.BFLOAT16}

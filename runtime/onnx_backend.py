@@ -115,7 +115,7 @@ class NpuDeployBackend(OnnxBackend):
 
     @classmethod
     def _convert(cls, src: Path, out: Path, input_shapes: dict | None) -> None:
-        from npu_deploy import convert
+        from npu_deploy.converters.lowering.convert import convert
 
         convert(str(src), output=str(out), backend="builtin", precision_mode=cls.precision_mode,
                 input_shapes=input_shapes)
@@ -159,8 +159,8 @@ class NpuDeployLoweringBackend(NpuDeployBackend):
 
     @classmethod
     def _convert(cls, src: Path, out: Path, input_shapes: dict | None) -> None:
-        from npu_deploy.converters import pipeline
-        from npu_deploy.converters.options import ConvertOptions
+        from npu_deploy.converters.lowering import pipeline
+        from npu_deploy.converters.lowering.options import ConvertOptions
 
         options = ConvertOptions(backend="builtin", soc=cls.soc, precision_mode=cls.precision_mode,
                                  input_shapes=input_shapes)

@@ -1,7 +1,7 @@
 """``InferenceSession``: one API for an offline bundle on the CPU emulator and an ``.om`` on a device.
 
-The file is recognised by its content, never its name: a bundle (``converters.bundle.is_bundle``) runs on
-the CPU emulator, an ``.om`` (``converters.om.is_om``) on an Ascend device through ACL. An ONNX file is not
+The file is recognised by its content, never its name: a bundle (``converters.files.bundle.is_bundle``) runs on
+the CPU emulator, an ``.om`` (``converters.files.om.is_om``) on an Ascend device through ACL. An ONNX file is not
 a runnable model here: convert it first (``npu-deploy convert model.onnx --backend builtin``).
 
 The API follows onnxruntime's, so code written for ``onnxruntime.InferenceSession`` runs unchanged:
@@ -52,7 +52,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from npu_deploy.errors import DependencyError, InputError, ModelError
-from npu_deploy.runtime.backend import Backend, TensorMeta, Timing
+from npu_deploy.runtime.backend import ORT_TYPES, Backend, TensorMeta, Timing
 
 BACKENDS = ("auto", "emulator", "acl")
 # onnxruntime execution-provider names -> the backend that plays their part
@@ -89,12 +89,12 @@ def sniff_model(path: str | os.PathLike) -> str:
         raise InputError(f"model file {p} does not exist", hint="check the path")
     if not p.is_file():
         raise InputError(f"model path {p} is not a file", hint="give a bundle or .om file")
-    from npu_deploy.converters.bundle import is_bundle
+    from npu_deploy.converters.files.bundle import is_bundle
 
     if is_bundle(p):
         return "bundle"
     try:
-        from npu_deploy.converters.om import is_om
+        from npu_deploy.converters.files.om import is_om
     except ImportError:  # the .om reader is optional here; without it no file is recognised as .om
         is_om = None
     if is_om is not None and is_om(p):
@@ -204,7 +204,7 @@ class InferenceSession:
     def _convert_onnx(self, backend: str, input_shapes) -> tuple[str, str]:
         """Make an ``.onnx`` runnable: ATC → ``.om`` when ATC is found and the ACL backend is wanted or
         importable, else the built-in lowering → a bundle for the emulator, in a private folder."""
-        from npu_deploy.converters.convert import convert
+        from npu_deploy.converters.lowering.convert import convert
 
         use_atc = backend == "acl" or (backend == "auto" and _device_path_available())
         self._tmpdir = tempfile.mkdtemp(prefix="npu-deploy-session-")
@@ -384,8 +384,6 @@ class NodeArg:
     __slots__ = ("meta", "shape", "type")
 
     def __init__(self, meta: TensorMeta, names: Sequence[str | None] = ()):
-        from npu_deploy.runtime.compare import ORT_TYPES
-
         self.meta = meta
         names = list(names) + [None] * (len(meta.shape) - len(names))
         self.shape = tuple(d if d >= 0 else DimName(names[k] or f"unk__{k}") for k, d in enumerate(meta.shape))
@@ -446,7 +444,7 @@ def model_metadata(path: Path, backend: Backend) -> ModelMetadata:
                              graph_description=graph.graph.doc_string, version=int(graph.model_version),
                              custom_metadata_map=custom)
     try:
-        from npu_deploy.converters.om import preflight_info
+        from npu_deploy.converters.files.om import preflight_info
 
         info = preflight_info(path)
         name = info.model_name
@@ -589,6 +587,6 @@ def _device_path_available() -> bool:
     """ATC to compile and pyACL / acllite to run: what an ``.onnx`` needs to go to a device."""
     import importlib.util
 
-    from npu_deploy.converters.atc import find_atc
+    from npu_deploy.converters.lowering.atc import find_atc
 
     return find_atc() is not None and any(importlib.util.find_spec(m) is not None for m in ("acl", "acllite"))

@@ -7,7 +7,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
-from npu_deploy.converters import aipp
+from npu_deploy.converters.lowering import aipp
 
 
 def test_write_and_check(run_cli, tmp_path):

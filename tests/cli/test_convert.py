@@ -15,7 +15,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from npu_deploy.converters.bundle import is_bundle, read_bundle
+from npu_deploy.converters.files.bundle import is_bundle, read_bundle
 
 STANDIN_ATC = Path(__file__).resolve().parents[1] / "standins" / "atc"
 

@@ -13,7 +13,7 @@ import numpy as np
 import onnx
 import pytest
 
-from npu_deploy.converters import dump as dumpfmt
+from npu_deploy.converters.files import dump as dumpfmt
 
 LIGHT = Path(onnx.__file__).parent / "backend" / "test" / "data" / "light"
 SQUEEZENET = LIGHT / "light_squeezenet.onnx"

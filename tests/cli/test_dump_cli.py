@@ -16,10 +16,10 @@ import onnx
 import pytest
 
 import npu_deploy
-from npu_deploy.converters import dump
-from npu_deploy.converters.dump import read_dump_folder
+from npu_deploy.converters.files import dump
+from npu_deploy.converters.files.dump import read_dump_folder
 from npu_deploy.runtime.emulator import EmulatorBackend
-from tests.converters.test_dump import (DT_FLOAT, DT_FLOAT16, F_FRACTAL_NZ, F_ND, dump_bytes, nz_oracle, op_input,
+from tests.converters.files.test_dump import (DT_FLOAT, DT_FLOAT16, F_FRACTAL_NZ, F_ND, dump_bytes, nz_oracle, op_input,
                                         op_output)
 from tests.runtime.test_acl import acl  # noqa: F401  (the stand-in acl fixture)
 from tests.standins.omfile import build_om, tensor
@@ -267,7 +267,7 @@ def test_run_dump_of_an_onnx_converted_on_the_fly(example_onnx, tmp_path, run_cl
 
 
 def test_layout_convert_of_an_nhwc_model_tensor(tmp_path, run_cli):
-    from tests.converters.test_dump import F_NC1HWC0, nc1hwc0_oracle
+    from tests.converters.files.test_dump import F_NC1HWC0, nc1hwc0_oracle
 
     x = np.random.default_rng(1).standard_normal((1, 4, 5, 3)).astype(np.float16)  # NHWC
     phys = nc1hwc0_oracle(x.transpose(0, 3, 1, 2))

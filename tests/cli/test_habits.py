@@ -13,8 +13,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from npu_deploy.converters.bundle import read_bundle
-from npu_deploy.converters.options import ConvertOptions
+from npu_deploy.converters.files.bundle import read_bundle
+from npu_deploy.converters.lowering.options import ConvertOptions
 
 STANDIN_ATC = Path(__file__).resolve().parents[1] / "standins" / "atc"
 

@@ -132,7 +132,7 @@ def test_inspect_before_and_after_converting_with_the_atc_standin(tmp_path, run_
     src = real_model("ppocr_cls")
     code, out, err = run_cli("inspect", src, "--json", tmp_path / "before.json")
     assert code == 0, err
-    from npu_deploy.converters.convert import convert
+    from npu_deploy.converters.lowering.convert import convert
 
     om_path = tmp_path / "cls.om"
     convert(src, om_path, backend="atc", atc=standin, soc="Ascend910B",

@@ -90,7 +90,7 @@ def test_make_feeds_fills_dynamic_dims():
 
 def _emulator_ready() -> str | None:
     try:
-        import npu_deploy.converters.convert  # noqa: F401
+        import npu_deploy.converters.lowering.convert  # noqa: F401
         import npu_deploy.runtime.session  # noqa: F401
     except Exception as e:  # the converter / runtime engineers' modules
         return f"convert or runtime not importable: {e}"

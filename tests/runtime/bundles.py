@@ -14,7 +14,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from npu_deploy.converters import formats
-from npu_deploy.converters.bundle import WeightEntry, write_bundle
+from npu_deploy.converters.files.bundle import WeightEntry, write_bundle
 
 
 def io_entry(name, shape, dtype="float32", fmt="ND", device_format=None, c0=None) -> dict[str, Any]:

@@ -14,10 +14,10 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from npu_deploy.converters.bundle import check_self_contained, read_bundle, write_bundle
-from npu_deploy.converters.inspect import inspect
+from npu_deploy.converters.files.bundle import check_self_contained, read_bundle, write_bundle
+from npu_deploy.runtime.check.inspect import inspect
 from npu_deploy.errors import BundleError
-from tests.converters.test_inspect_bundle import reseal
+from tests.runtime.check.test_inspect_bundle import reseal
 from tests.runtime.bundles import io_entry
 
 SECRET = b"PRIVATE KEY: not for bundles\n" * 3

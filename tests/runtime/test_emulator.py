@@ -288,7 +288,7 @@ def test_profile_places_each_transdata_between_producer_and_first_consumer(tmp_p
     """A conversion runs after the op that produces its tensor and before the first op that reads it;
     one with two consumers (the example's `tokens`) must not drift past the first one."""
     import npu_deploy
-    from npu_deploy.converters.bundle import read_bundle
+    from npu_deploy.converters.files.bundle import read_bundle
     from npu_deploy.runtime.emulator import profile_rows
 
     src = example_onnx

@@ -14,8 +14,8 @@ import pytest
 from onnx import helper, numpy_helper
 
 import npu_deploy
-from npu_deploy.converters.bundle import WeightEntry, read_bundle, write_bundle
-from npu_deploy.runtime.compare import compare
+from npu_deploy.converters.files.bundle import WeightEntry, read_bundle, write_bundle
+from npu_deploy.runtime.check.compare import compare
 from npu_deploy.runtime.emulator import EmulatorBackend
 
 SHAPE = {"x": (1, 3, 48, 192)}
@@ -205,7 +205,7 @@ def test_layernorm_without_bias_runs(tmp_path):
                           [numpy_helper.from_array(np.linspace(0.5, 2, 8).astype(np.float32), "s")])
     path = tmp_path / "ln.onnx"
     onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), path)
-    code = ("import sys, npu_deploy; from npu_deploy.runtime.compare import compare;"
+    code = ("import sys, npu_deploy; from npu_deploy.runtime.check.compare import compare;"
             f"npu_deploy.convert({str(path)!r}, output={str(tmp_path / 'ln.bundle')!r}, backend='builtin');"
             f"r = compare({str(path)!r}, {str(tmp_path / 'ln.bundle')!r}); print(r.verdict()); sys.exit(0 if r else 1)")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,

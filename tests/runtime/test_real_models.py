@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import npu_deploy
-from npu_deploy.runtime.compare import compare
+from npu_deploy.runtime.check.compare import compare
 
 # small but realistic shapes, to keep CI time low
 SHAPES = {

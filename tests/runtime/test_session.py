@@ -180,7 +180,7 @@ def test_onnxruntime_style_code_runs_unchanged_on_a_real_onnx(real_model):
 
 
 def test_dynamic_dims_read_as_names_and_still_compare_as_minus_one(tmp_path):
-    from npu_deploy.converters.convert import convert
+    from npu_deploy.converters.lowering.convert import convert
     from tests.conftest import write_example
 
     src = write_example(tmp_path / "e.onnx", batch="N")

@@ -1,6 +1,6 @@
 """Build ``.om`` test files from the documented layout (``shared/reference/atc-acl-om.md`` §2).
 
-Written independently of the reader in ``npu_deploy.converters.om``: the ModelDef is serialised with a
+Written independently of the reader in ``npu_deploy.converters.files.om``: the ModelDef is serialised with a
 protobuf message class generated here at import time from a ``FileDescriptorProto`` that spells out
 ``ge_ir.proto``'s public field numbers; the header and partition tables are packed with ``struct`` from
 the §2.1/§2.2 tables. Nothing is shared with the reader, so reader tests have an independent oracle.
