@@ -46,12 +46,20 @@ def optimize_model(model: onnx.ModelProto, *, rules: Sequence[str] | None = None
                    soc: str | None = None, atol: float | None = None, rtol: float | None = None,
                    keep_if_faster: bool = False, seed: int = 0, source: str = "<model>",
                    progress: Callable[[str], None] | None = None,
-                   device_timer: DeviceTimer | None = None) -> tuple[OptimizeResult, onnx.ModelProto]:
+                   device_timer: DeviceTimer | None = None,
+                   keep_all: bool = False) -> tuple[OptimizeResult, onnx.ModelProto]:
     """Apply the rules to ``model``; return the result and the rewritten model (see the module doc).
 
+    What is kept of the verified steps: by default those the cost model does not estimate slower
+    (:func:`_worse`; the others are reported as ``worse``), with ``keep_if_faster`` only those it
+    estimates faster, with ``keep_all`` every one (``optimize --all``).
     ``device_timer`` (with ``keep_if_faster`` only): also time each step the cost model accepts on
     the device, e.g. ``AtcAclTimer()`` from :mod:`npu_deploy.runtime.device_time`."""
     chosen = select_rules(rules, skip)
+    if keep_all and keep_if_faster:
+        raise InputError("--all keeps every verified rewrite, --keep-if-faster only the faster ones",
+                         hint="give one of them")
+    keep = "faster" if keep_if_faster else "all" if keep_all else "not worse"
     if device_timer is not None:
         if not keep_if_faster:
             raise InputError("a device timer (--measure atc) judges --keep-if-faster, which is off",
@@ -115,7 +123,7 @@ def optimize_model(model: onnx.ModelProto, *, rules: Sequence[str] | None = None
                     continue
                 say(f"{rule.name} at {batch[0].nodes[0]}" + (f" and {len(batch) - 1} more" if len(batch) > 1 else ""))
                 apps, new, new_values, measured = _try(rule, view, batch, cur, feeds, reference, out_names, shapes,
-                                                       soc, work, now, atol, rtol, keep_if_faster, device)
+                                                       soc, work, now, atol, rtol, keep, device)
                 if new is None and len(batch) > 1:
                     tried -= {m.key for m in batch}
                     single = True
@@ -133,7 +141,7 @@ def optimize_model(model: onnx.ModelProto, *, rules: Sequence[str] | None = None
                          atol, rtol, dataclasses.asdict(before), dataclasses.asdict(after), applications,
                          keep_if_faster, True,
                          COST_MODEL if device_timer is None else
-                         f"{COST_MODEL}; device time {device_timer.measured_by}", device_summary)
+                         f"{COST_MODEL}; device time {device_timer.measured_by}", device_summary, keep)
     problem = _validate(cur)
     if problem is not None:  # pragma: no cover - every accepted step passed the same check
         raise ModelError(f"{source}: the rewritten model fails the ONNX checks ({problem})")
@@ -141,7 +149,7 @@ def optimize_model(model: onnx.ModelProto, *, rules: Sequence[str] | None = None
 
 
 def _try(rule: Rule, view: View, batch: list[Match], cur, feeds, reference, out_names, shapes, soc, work,
-         now: Measure, atol, rtol, keep_if_faster, device: _DeviceTimes | None = None):
+         now: Measure, atol, rtol, keep: str, device: _DeviceTimes | None = None):
     """Apply ``batch`` (matches on disjoint nodes) in one step, verify and measure it. Returns the
     applications, and the new model, values and measure (None when rolled back)."""
     where = batch[0].nodes[0]
@@ -172,11 +180,10 @@ def _try(rule: Rule, view: View, batch: list[Match], cur, feeds, reference, out_
         f"verified and measured together with {where} ({len(batch)} {rule.name} rewrites in one step)"
     apps = [Application(rule.name, where, "applied", None, dataclasses.asdict(now), dataclasses.asdict(measured), diff)]
     apps += [Application(rule.name, m.nodes[0], "applied", together, None, None, diff) for m in batch[1:]]
-    if keep_if_faster and not (measured.est_us is not None and now.est_us is not None and measured.est_us < now.est_us):
-        reason = (f"estimated {now.est_us:.1f} -> {measured.est_us:.1f} us"
-                  if measured.est_us is not None and now.est_us is not None else "no cost estimate for this SoC")
+    judged = _judge(keep, now, measured)
+    if judged is not None:
         for a in apps:
-            a.status, a.reason = "not faster", reason
+            a.status, a.reason = judged
         return apps, None, None, None
     if device is not None:
         try:
@@ -200,13 +207,35 @@ def _try(rule: Rule, view: View, batch: list[Match], cur, feeds, reference, out_
     return apps, new, values, measured
 
 
+def _worse(now: Measure, measured: Measure) -> bool:
+    """The cost model estimates ``measured`` slower than ``now`` (estimated time up); with no estimate
+    for the SoC, more planned TransData or AI CPU ops."""
+    if now.est_us is not None and measured.est_us is not None:
+        return measured.est_us > now.est_us
+    return measured.transdata > now.transdata or measured.ai_cpu > now.ai_cpu
+
+
+def _judge(keep: str, now: Measure, measured: Measure) -> tuple[str, str] | None:
+    """Why a verified step is not kept under ``keep`` (``(status, reason)``), or None to keep it."""
+    est = (f"estimated {now.est_us:.1f} -> {measured.est_us:.1f} us"
+           if measured.est_us is not None and now.est_us is not None else None)
+    if keep == "faster" and est is None:
+        return "not faster", "no cost estimate for this SoC"
+    if keep == "faster" and not measured.est_us < now.est_us:
+        return "not faster", est
+    if keep == "not worse" and _worse(now, measured):
+        counts = f"TransData {now.transdata} -> {measured.transdata}, AI CPU {now.ai_cpu} -> {measured.ai_cpu}"
+        return "worse", f"{est + ', ' if est else ''}{counts} (--all keeps it)"
+    return None
+
+
 def optimize(model: str | os.PathLike, output: str | os.PathLike, *, rules: Sequence[str] | None = None,
              skip: Sequence[str] | None = None, inputs: str | os.PathLike | None = None,
              input_shapes: Mapping[str, Sequence[int]] | None = None, soc: str | None = None,
              atol: float | None = None, rtol: float | None = None, keep_if_faster: bool = False, seed: int = 0,
              report: str | os.PathLike | None = None,
              progress: Callable[[str], None] | None = None,
-             device_timer: DeviceTimer | None = None) -> OptimizeResult:
+             device_timer: DeviceTimer | None = None, keep_all: bool = False) -> OptimizeResult:
     """Rewrite ``model`` for Ascend into ``output`` (see the module doc); return an :class:`OptimizeResult`.
 
     ``inputs``: an ``.npz`` of verification inputs (else generated in realistic ranges, shapes from
@@ -243,7 +272,7 @@ def optimize(model: str | os.PathLike, output: str | os.PathLike, *, rules: Sequ
         feeds = {k: feeds[k] for k in names}
     res, out = optimize_model(m, rules=rules, skip=skip, feeds=feeds, input_shapes=input_shapes, soc=soc,
                               atol=atol, rtol=rtol, keep_if_faster=keep_if_faster, seed=seed, source=str(src),
-                              progress=progress, device_timer=device_timer)
+                              progress=progress, device_timer=device_timer, keep_all=keep_all)
     res.output = str(output)
     with _io.outputs():
         with _io.atomic_path(output) as tmp:

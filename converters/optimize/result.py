@@ -13,8 +13,9 @@ from npu_deploy.converters.optimize.measure import COST_MODEL, _pct
 @dataclasses.dataclass
 class Application:
     """One place one rule matched, and what became of it: ``status`` is ``applied``, ``not applicable``
-    (``reason`` from the rule's check), ``rolled back`` (numbers or checks failed: ``reason``) or
-    ``not faster`` (``--keep-if-faster``)."""
+    (``reason`` from the rule's check), ``rolled back`` (numbers or checks failed: ``reason``),
+    ``worse`` (verified, but the cost model estimates it slower: dropped by default, kept with
+    ``--all``) or ``not faster`` (``--keep-if-faster``)."""
 
     rule: str
     where: str
@@ -52,6 +53,8 @@ class OptimizeResult(Result):
     #: with a device timer: the original's and the output's device time ``{"before_ms", "after_ms",
     #: "runs", "margin_pct"}`` (None when no step reached the device)
     device: dict | None = None
+    #: which verified steps were kept: ``not worse`` (the default), ``faster`` (``keep_if_faster``), ``all``
+    keep: str = "not worse"
 
     @classmethod
     def from_dict(cls, d: dict) -> "OptimizeResult":
@@ -78,7 +81,7 @@ class OptimizeResult(Result):
 
     def table(self) -> str:
         timed = any(a.device for a in self.applications)
-        rows = [("rule", "applied", "not applicable", "rolled back / not faster", "TransData", "AI CPU", "est. us")
+        rows = [("rule", "applied", "not applicable", "rolled back / worse / not faster", "TransData", "AI CPU", "est. us")
                 + (("device ms",) if timed else ())]
         for rule, counts in self.per_rule().items():
             apps = [a for a in self.applied() if a.rule == rule and a.before is not None]
@@ -87,7 +90,7 @@ class OptimizeResult(Result):
             us = sum((a.after["est_us"] or 0) - (a.before["est_us"] or 0) for a in apps)
             ms = sum(a.device["after_ms"] - a.device["before_ms"] for a in apps if a.device)
             rows.append((rule, str(counts.get("applied", 0)), str(counts.get("not applicable", 0)),
-                         str(counts.get("rolled back", 0) + counts.get("not faster", 0)),
+                         str(counts.get("rolled back", 0) + counts.get("worse", 0) + counts.get("not faster", 0)),
                          f"{td:+d}", f"{cpu:+d}", f"{us:+.1f}") + ((f"{ms:+.3f}",) if timed else ()))
         widths = [max(len(r[k]) for r in rows) for k in range(len(rows[0]))]
         return "\n".join("  ".join(c.ljust(w) if k == 0 else c.rjust(w) for k, (c, w) in
@@ -99,8 +102,10 @@ class OptimizeResult(Result):
         est = "est. n/a" if pct is None else f"est. {pct:+.0f} %".replace("+-", "-")
         back = sum(1 for a in self.applications if a.status == "rolled back")
         slow = sum(1 for a in self.applications if a.status == "not faster")
+        worse = sum(1 for a in self.applications if a.status == "worse")
         tail = "outputs match" if self.outputs_match else "OUTPUTS DIFFER"
-        extra = (f", {back} rolled back" if back else "") + (f", {slow} not faster" if slow else "")
+        extra = (f", {back} rolled back" if back else "") + (f", {worse} estimated slower and dropped" if worse else "") \
+            + (f", {slow} not faster" if slow else "")
         dev = ""
         if self.device:
             b, a = self.device["before_ms"], self.device["after_ms"]
