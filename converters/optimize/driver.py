@@ -28,7 +28,7 @@ from npu_deploy.converters.optimize.measure import (
 )
 from npu_deploy.converters.optimize.registry import select_rules
 from npu_deploy.converters.optimize.result import Application, OptimizeResult
-from npu_deploy.converters.optimize.verify import _compare, _run_all, _validate, realistic_feeds
+from npu_deploy.converters.optimize.verify import _compare, _run_all, _validate, check_tensor_data, realistic_feeds
 from npu_deploy.errors import AtcError, InputError, ModelError, NpuDeployError
 
 DEFAULT_ATOL = 1e-4
@@ -74,6 +74,7 @@ def optimize_model(model: onnx.ModelProto, *, rules: Sequence[str] | None = None
     cur = onnx.ModelProto()
     cur.CopyFrom(model)
     _name_nodes(cur)
+    check_tensor_data(cur, source)
     if feeds is None:
         feeds = realistic_feeds(cur, input_shapes, seed=seed)
     feeds = {k: np.asarray(v) for k, v in feeds.items()}

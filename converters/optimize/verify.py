@@ -10,10 +10,10 @@ from typing import Iterable, Mapping, Sequence
 
 import numpy as np
 import onnx
-from onnx import numpy_helper
+from onnx import TensorProto, numpy_helper
 
 from npu_deploy.converters.optimize.graph import _onnx_to_np, attr
-from npu_deploy.errors import InputError
+from npu_deploy.errors import InputError, ModelError
 
 
 def realistic_feeds(model: onnx.ModelProto, shapes: Mapping[str, Sequence[int]] | None = None, *,
@@ -66,6 +66,33 @@ def realistic_feeds(model: onnx.ModelProto, shapes: Mapping[str, Sequence[int]] 
         else:
             raise InputError(f"input {vi.name!r}: cannot generate {dtype} data", hint="give it with --inputs")
     return feeds
+
+
+def _graph_tensors(g: onnx.GraphProto, where: str = ""):
+    """(kind, name, TensorProto) of every tensor stored in ``g`` and its subgraphs: initializers and
+    Constant values."""
+    for t in g.initializer:
+        yield f"{where}initializer", t.name, t
+    for n in g.node:
+        for a in n.attribute:
+            if a.type == onnx.AttributeProto.TENSOR and n.op_type == "Constant":
+                yield f"{where}Constant", n.output[0] if n.output else n.name, a.t
+            for sub in ([a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs)):
+                yield from _graph_tensors(sub, f"{where}{n.op_type} {n.name!r} body: ")
+
+
+def check_tensor_data(model: onnx.ModelProto, source: str) -> None:
+    """Refuse (``ModelError``) a stored tensor whose data does not fill its dims: ``onnx.checker``
+    accepts one (e.g. dims [32, 3, 3, 1] over 864 values), and every later read of it would fail."""
+    for kind, name, t in _graph_tensors(model.graph):
+        if t.data_location == TensorProto.EXTERNAL:
+            continue
+        try:
+            numpy_helper.to_array(t)
+        except Exception as e:  # numpy's and onnx's own decoding errors, whatever their class
+            raise ModelError(f"{source}: {kind} {name!r} with dims {list(t.dims)} does not match its data "
+                             f"({str(e).splitlines()[0][:160] if str(e) else type(e).__name__})",
+                             hint="the file is damaged or was edited by hand: export the model again") from None
 
 
 def _expects_pixels(readers, inits) -> bool:
