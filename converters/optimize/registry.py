@@ -18,6 +18,7 @@ from npu_deploy.converters.optimize.rules import (
     narrow_int64,
     reflect_pad,
     remove_empty_slices,
+    sink_transpose,
     split_avgpool,
     split_large_kernel_conv,
     split_qkv_matmul,
@@ -38,6 +39,7 @@ RULES: dict[str, Rule] = {r.name: r for r in (
     gather_to_split.RULE,
     remove_empty_slices.RULE,
     split_qkv_matmul.RULE,
+    sink_transpose.RULE,
     cancel_transpose_reshape.RULE,
 )}
 

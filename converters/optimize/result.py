@@ -81,8 +81,8 @@ class OptimizeResult(Result):
 
     def table(self) -> str:
         timed = any(a.device for a in self.applications)
-        rows = [("rule", "applied", "not applicable", "rolled back / worse / not faster", "TransData", "AI CPU", "est. us")
-                + (("device ms",) if timed else ())]
+        rows = [("rule", "applied", "not applicable", "rolled back / worse / not faster", "TransData", "AI CPU",
+                 "est. us") + (("device ms",) if timed else ())]
         for rule, counts in self.per_rule().items():
             apps = [a for a in self.applied() if a.rule == rule and a.before is not None]
             td = sum(a.after["transdata"] - a.before["transdata"] for a in apps)
@@ -104,8 +104,8 @@ class OptimizeResult(Result):
         slow = sum(1 for a in self.applications if a.status == "not faster")
         worse = sum(1 for a in self.applications if a.status == "worse")
         tail = "outputs match" if self.outputs_match else "OUTPUTS DIFFER"
-        extra = (f", {back} rolled back" if back else "") + (f", {worse} estimated slower and dropped" if worse else "") \
-            + (f", {slow} not faster" if slow else "")
+        extra = (f", {back} rolled back" if back else "") \
+            + (f", {worse} estimated slower and dropped" if worse else "") + (f", {slow} not faster" if slow else "")
         dev = ""
         if self.device:
             b, a = self.device["before_ms"], self.device["after_ms"]
