@@ -38,16 +38,20 @@ _AGNOSTIC = _UNARY_ELEMENTWISE | _BINARY_ELEMENTWISE | {
 _SCALAR_INPUTS = {"Clip": {1, 2}}
 
 
-def _perm(n) -> list[int] | None:
+def _perm(v: View, n) -> list[int] | None:
+    """The Transpose's permutation (no ``perm``: the axes reversed), None when the rank is unknown."""
     p = attr(n, "perm")
-    return None if p is None else [int(i) for i in p]
+    if p is not None:
+        return [int(i) for i in p]
+    s = v.shape(n.input[0]) if n.input else None
+    return None if s is None else list(range(len(s)))[::-1]
 
 
 def _region(v: View, t1):
     """The region a Transpose ``t1`` can sink through: ``(nodes, exits, reason)``. ``nodes`` are the
     element-wise ops that read its output (directly or through each other), in graph order; ``exits``
     the Transposes that read region values; ``reason`` says why it cannot sink (else None)."""
-    p = _perm(t1)
+    p = _perm(v, t1)
     if not p or p == list(range(len(p))):
         return [], [], "no permutation to sink"
     inside = {t1.output[0]}
@@ -59,7 +63,7 @@ def _region(v: View, t1):
         for c in v.consumers.get(value, []):
             if c.name in nodes or c.name in exits:
                 continue
-            if c.op_type == "Transpose" and _perm(c) is not None and len(_perm(c)) == len(p):
+            if c.op_type == "Transpose" and _perm(v, c) is not None and len(_perm(v, c)) == len(p):
                 exits[c.name] = c
             elif c.op_type in _AGNOSTIC and len(c.output) == 1:
                 nodes[c.name] = c
@@ -104,7 +108,7 @@ def _check_sink(v: View, m: Match) -> str | None:
 def _rewrite_sink(v: View, m: Match) -> Change:
     t1 = v.nodes[m.nodes[0]]
     nodes, exits, _ = _region(v, t1)
-    p = _perm(t1)
+    p = _perm(v, t1)
     inv = [int(i) for i in np.argsort(p)]
     change = Change(remove={t1.name}, reroute={t1.output[0]: t1.input[0]})
     for n in nodes:
@@ -123,7 +127,7 @@ def _rewrite_sink(v: View, m: Match) -> Change:
             change.remove.add(n.name)
             change.add.append(new)
     for e in exits:
-        comp = [p[i] for i in _perm(e)]
+        comp = [p[i] for i in _perm(v, e)]
         change.remove.add(e.name)
         if comp == list(range(len(comp))):
             change.reroute[e.output[0]] = e.input[0]

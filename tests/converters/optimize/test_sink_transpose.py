@@ -126,3 +126,13 @@ def test_real_models_keep_their_outputs(real_model, name, shapes):
     assert res
     for x, y in zip(_run(src, feeds), _run(o, feeds)):  # the oracle: onnxruntime on the untouched model
         np.testing.assert_allclose(y, x, rtol=1e-3, atol=1e-4)
+
+
+def test_transposes_without_perm_reverse_the_axes_and_cancel():
+    m = _detour([helper.make_node("Relu", ["t1"], ["m"])])
+    for n in m.graph.node:
+        if n.op_type == "Transpose":
+            del n.attribute[:]  # the default: axes reversed, its own inverse
+    res, o = opt.optimize_model(m, rules=["sink-transpose"], keep_all=True)
+    assert res.applied_count() == 1 and "Transpose" not in [n.op_type for n in o.graph.node]
+    _same(m, o, X)
