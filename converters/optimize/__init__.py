@@ -7,15 +7,17 @@ it does not apply there, or ``None``; shown by ``--explain``) and a *rewrite* (t
 makes). :func:`optimize` applies them one application at a time and, for every application:
 
 All the places one rule matches (on disjoint nodes) are first tried together as one step; when that
-step fails a check, or ``keep_if_faster`` finds it not faster, they are retried one at a time, so the
+step fails a check or is not kept (below), they are retried one at a time, so the
 application at fault is the one rolled back. For every step:
 
 1. builds the rewritten model and runs ``onnx.checker`` and strict shape inference on it;
 2. runs it on onnxruntime on the same inputs as the original and compares every output with the
    original's within tolerances: a rewrite that changes the numbers is rolled back and reported;
 3. plans it with the built-in lowering (``pipeline.lower(..., until="plan from ONNX")``) and records
-   planned TransData, AI CPU ops and estimated time before and after; with ``keep_if_faster`` an
-   application the cost model says does not pay off is rolled back too ("not faster");
+   planned TransData, AI CPU ops and estimated time before and after. By default a step the cost
+   model estimates slower is dropped ("worse"; with no estimate for the SoC: more TransData or AI
+   CPU ops); with ``keep_all`` (``optimize --all``) every verified step is kept; with
+   ``keep_if_faster`` only a step the cost model estimates faster ("not faster" otherwise);
 4. with ``keep_if_faster`` and a ``device_timer`` (``optimize --measure atc``:
    :class:`npu_deploy.runtime.device_time.AtcAclTimer`), a step the cost model accepts is also
    compiled by ATC and timed on the device through ACL, before and after (median compute time of
