@@ -75,7 +75,10 @@ def _dims(text: str | None) -> list[tuple[int, ...]] | None:
                    "auto: ATC when found, else builtin.")
 @soc_option
 @click.option("--input-shape", "--input_shape", "input_shape", default=None, metavar='"x:1,3,224,224;y:1,128"',
-              help="Fix input shapes (ATC --input_shape); -1 marks a gear dimension.")
+              help="Fix input shapes (ATC --input_shape); -1 marks a gear dimension, LOW~HIGH a shape range "
+                   "(ATC >= 8.5 spelling).")
+@click.option("--input-shape-range", "--input_shape_range", "input_shape_range", default=None,
+              metavar='"x:[1~4,3,224,224]"', help="Shape ranges, ATC's older spelling (with -1 in --input-shape).")
 @click.option("--input-format", "--input_format", "input_format", type=click.Choice(ALL_INPUT_FORMATS), default=None,
               help="Layout the host feeds 4-D (NCHW/NHWC) or 5-D (NCDHW/NDHWC) inputs in; ND for all "
                    "(ATC --input_format). NHWC/NDHWC: built-in backend only (converted on the device); "
@@ -111,7 +114,8 @@ def _dims(text: str | None) -> list[tuple[int, ...]] | None:
 @click.option("--report", default=None, metavar="FILE.json", help="Write the result and plan report as JSON.")
 @click.option("--explain", is_flag=True, help="Print, for every TransData kept, why it had to stay.")
 @click.option("--quiet", "-q", is_flag=True, help="Print only the verdict line.")
-def command(model, model_opt, framework, output, backend, soc, input_shape, input_format, dynamic_batch,
+def command(model, model_opt, framework, output, backend, soc, input_shape, input_shape_range, input_format,
+            dynamic_batch,
             dynamic_dims, precision_mode, keep_dtype, enable_small_channel, out_nodes, output_type,
             op_select_implmode, atc_log, atc_args, atc_path, insert_op_conf, timeout, report, explain, quiet):
     """Lower MODEL.onnx for an Ascend NPU: ATC .om, or the built-in offline bundle.
@@ -138,7 +142,8 @@ def command(model, model_opt, framework, output, backend, soc, input_shape, inpu
             dynamic_dims=_dims(dynamic_dims), precision_mode=precision_mode, keep_dtype=_keep_dtype(keep_dtype),
             enable_small_channel=enable_small_channel, atc_args=tuple(atc_args), atc_flags=tuple(atc_only),
             out_nodes=out_nodes, output_type=output_type, atc_log=atc_log, timeout=timeout, report=report,
-            progress=progress, atc=atc_path, insert_op_conf=insert_op_conf)
+            progress=progress, atc=atc_path, insert_op_conf=insert_op_conf,
+            shape_ranges=_shape_ranges(input_shape_range))
     for note in result.notes:
         click.echo(f"npu-deploy: warning: {note}", err=True)
     if not quiet:
@@ -165,3 +170,11 @@ def command(model, model_opt, framework, output, backend, soc, input_shape, inpu
                 click.echo(printable(f"differs from ATC: {d}"))
     click.echo(result.verdict())
     return 0
+
+
+def _shape_ranges(text: str | None) -> dict[str, tuple] | None:
+    """``"x:[1~4,3,224,224]"`` (ATC's ``--input_shape_range``) → ``{"x": ((1, 4), None, None, None)}``."""
+    if not text:
+        return None
+    shapes = parse_input_shapes(text.replace("[", "").replace("]", ""), option="--input-shape-range")
+    return {n: tuple(d if isinstance(d, tuple) else None for d in dims) for n, dims in shapes.items()}

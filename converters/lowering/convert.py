@@ -117,7 +117,7 @@ def convert(model: str | os.PathLike, output: str | os.PathLike | None = None, *
             atc: str | os.PathLike | None = None,
             insert_op_conf: str | os.PathLike | None = None, out_nodes: str | None = None,
             output_type: str | None = None, atc_flags: Sequence[str] = (),
-            atc_log: str | None = None) -> ConvertResult:
+            atc_log: str | None = None, shape_ranges: Mapping[str, Sequence[Any]] | None = None) -> ConvertResult:
     """Convert an ONNX model for an Ascend SoC; return a :class:`ConvertResult`.
 
     ``output`` defaults to the model path with ``.bundle`` (built-in) or ``.om`` (ATC); for the bundle
@@ -139,7 +139,7 @@ def convert(model: str | os.PathLike, output: str | os.PathLike | None = None, *
                              atc_args=tuple(atc_args or ()), atc_flags=tuple(atc_flags or ()),
                              out_nodes=out_nodes, output_type=output_type, atc_log=atc_log, timeout=timeout,
                              insert_op_conf=None if insert_op_conf is None else str(insert_op_conf),
-                             atc=None if atc is None else str(atc))
+                             atc=None if atc is None else str(atc), shape_ranges=shape_ranges)
     with _io.outputs():  # a failure after the bundle/.om is written (e.g. the report) removes it again
         return _convert(Path(model), output, options, report=report, progress=progress)
 
@@ -231,6 +231,8 @@ def _run_atc(loaded, out: Path, o: ConvertOptions, *, atc_exe, say) -> tuple[dic
         kwargs["keep_dtype"] = list(o.keep_dtype)
     if o.insert_op_conf is not None:
         kwargs["insert_op_conf"] = o.insert_op_conf
+    if o.shape_ranges:
+        kwargs["shape_ranges"] = o.shape_ranges
     if loaded.dynamic_mode == "batch":
         kwargs["dynamic_batch"] = [g[next(iter(g))][0] for g in loaded.gears] if o.dynamic_batch is None \
             else list(o.dynamic_batch)
