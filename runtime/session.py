@@ -1,8 +1,8 @@
 """``InferenceSession``: one API for an offline bundle on the CPU emulator and an ``.om`` on a device.
 
 The file is recognised by its content, never its name: a bundle (``converters.files.bundle.is_bundle``) runs on
-the CPU emulator, an ``.om`` (``converters.files.om.is_om``) on an Ascend device through ACL. An ONNX file is not
-a runnable model here: convert it first (``npu-deploy convert model.onnx --backend builtin``).
+the CPU emulator, an ``.om`` (``converters.files.om.is_om``) on an Ascend device through ACL. An ONNX file is
+converted in memory (below).
 
 The API follows onnxruntime's, so code written for ``onnxruntime.InferenceSession`` runs unchanged:
 
