@@ -45,6 +45,18 @@ def debug_precision_command(model: str | os.PathLike, precision_mode: str | None
     return " ".join(shlex.quote(a) for a in args + ["-o", "keep_dtype.cfg"])
 
 
+def calibration_samples(path: str | os.PathLike, input_names: Sequence[str]) -> list[dict[str, np.ndarray]]:
+    """The samples of a ``--calibration-inputs`` file, each checked to hold every input."""
+    samples = load_samples([path])
+    for k, s in enumerate(samples):
+        missing = [n for n in input_names if n not in s]
+        if missing:
+            raise InputError(f"--calibration-inputs {path}: sample {k} has no array for input(s) "
+                             f"{', '.join(map(repr, missing))}",
+                             hint=f"name the arrays as the model's inputs: {', '.join(input_names)}")
+    return samples
+
+
 def preflight(model: str | os.PathLike, *, precision_mode: str | None = None, keep_dtype: Sequence[str] = (),
               input_shapes: Mapping[str, Sequence[int]] | None = None, dynamic_batch: Sequence[int] | None = None,
               dynamic_dims=None, soc: str | None = None, input_format: str | None = None,
@@ -64,14 +76,7 @@ def preflight(model: str | os.PathLike, *, precision_mode: str | None = None, ke
     node_dtypes = {name: nf.dtype for name, nf in ctx.plan.node_formats.items() if not nf.folded}
     largest = max(loaded.gears, key=lambda g: sum(int(np.prod(s)) for s in g.values())) if loaded.gears else {}
     if calibration_inputs is not None:
-        samples = load_samples([calibration_inputs])
-        want = {i.name: i for i in loaded.inputs}
-        for k, s in enumerate(samples):
-            missing = [n for n in want if n not in s]
-            if missing:
-                raise InputError(f"--calibration-inputs {calibration_inputs}: sample {k} has no array for input(s) "
-                                 f"{', '.join(map(repr, missing))}",
-                                 hint=f"name the arrays as the model's inputs: {', '.join(want)}")
+        samples = calibration_samples(calibration_inputs, [i.name for i in loaded.inputs])
     else:
         samples = [generate_inputs(loaded.inputs, seed=seed, shapes=largest or None,
                                    index_ranges=index_ranges(model))]

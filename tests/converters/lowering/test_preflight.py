@@ -132,6 +132,7 @@ def test_calibration_inputs_decide_and_the_report_names_the_start(tmp_path, run_
     code, _, err = run_cli("convert", src, "--backend", "builtin", "-o", tmp_path / "c.bundle",
                            "--calibration-inputs", bad)
     assert code == 2 and "no array for input(s) 'x'" in err and "Traceback" not in err
+    assert not (tmp_path / "c.bundle").exists()  # found before anything was written
 
 
 def test_underflow_past_the_bound_is_reported(tmp_path):
