@@ -201,6 +201,8 @@ class InferenceSession:
             self._remove_tmpdir()
             raise
         self._backend = be
+        #: ``{input: per-dim (low, high) or None}`` of a shape-range bundle (``convert --input-shape x:1~4,...``)
+        self.ranges = _bundle_ranges(be)
         with _open_lock:
             _open_sessions.add(self)
 
@@ -342,11 +344,15 @@ class InferenceSession:
         ``terminate`` is refused, the other fields do not apply here."""
         if run_options is not None and getattr(run_options, "terminate", False):
             raise InputError("run_options.terminate is set: the run was cancelled before it started")
+        if self.ranges:
+            check_ranges(self.ranges, self.backend.get_inputs(), feeds, "the model was converted for")
         return self.backend.run(output_names, feeds)
 
     def run_timed(self, output_names: Sequence[str] | None,
                   feeds: Mapping[str, Any]) -> tuple[list[np.ndarray], Timing]:
         """Like :meth:`run`, also returning the host→device / compute / device→host split."""
+        if self.ranges:
+            check_ranges(self.ranges, self.backend.get_inputs(), feeds, "the model was converted for")
         return self.backend.run_timed(output_names, feeds)
 
     def close(self) -> None:
@@ -634,17 +640,6 @@ class ShapeCache(Backend):
             with contextlib.suppress(Exception):
                 be.deactivate()
 
-    def _check_range(self, feeds: Mapping[str, np.ndarray]) -> None:
-        for name, rng in self.ranges.items():
-            shape = feeds[name].shape
-            for axis, r in enumerate(rng):
-                if r is not None and not (r[0] <= shape[axis] and (r[1] == -1 or shape[axis] <= r[1])):
-                    meta = next(m for m in self._inputs if m.name == name)
-                    raise InputError(f"input {name!r}: shape {','.join(map(str, shape))} is outside the range "
-                                     f"{fmt_range_shape(meta.shape, rng)} the session was opened with "
-                                     f"(axis {axis}: {shape[axis]} not in {r[0]}~{r[1]})",
-                                     hint="feed a shape inside the range, or open the session with a wider one")
-
     def _backend_for(self, key: tuple) -> Backend:
         be = self._cache.get(key)
         if be is not None:
@@ -690,13 +685,42 @@ class ShapeCache(Backend):
 
     def _run_validated(self, output_names: list[str], feeds: dict[str, np.ndarray], *,
                        gear: Gear | None) -> list[np.ndarray]:
-        self._check_range(feeds)
+        check_ranges(self.ranges, self._inputs, feeds, "the session was opened with")
         key = tuple((m.name, tuple(feeds[m.name].shape)) for m in self._inputs)
         be = self._backend_for(key)
         outs, t = be.run_timed(output_names, feeds)
         for phase in ("h2d", "compute", "d2h"):
             self._report_phase(phase, getattr(t, phase))
         return outs
+
+
+def check_ranges(ranges: Mapping[str, Sequence[Any]], metas: Sequence[TensorMeta], feeds: Mapping[str, Any],
+                 what: str) -> None:
+    """Refuse a feed whose shape is outside ``ranges`` (``{input: per-dim (low, high) or None}``,
+    ``high == -1``: unbounded), naming the input and the range."""
+    by_name = {m.name: m for m in metas}
+    for name, rng in ranges.items():
+        if name not in feeds or name not in by_name:
+            continue  # a missing feed is the backend's to report
+        shape = np.shape(feeds[name])
+        if len(shape) != len(rng):
+            continue  # the rank is checked by the backend, with its message
+        for axis, r in enumerate(rng):
+            if r is not None and not (r[0] <= shape[axis] and (r[1] == -1 or shape[axis] <= r[1])):
+                shown = fmt_range_shape(by_name[name].shape, rng)
+                raise InputError(f"input {name!r}: shape {','.join(map(str, shape))} is outside the range "
+                                 f"{shown} {what} (axis {axis}: {shape[axis]} not in {r[0]}~{r[1]})",
+                                 hint=f"feed a shape inside {name}:{shown}, or convert for a wider range")
+
+
+def _bundle_ranges(backend: Backend) -> dict[str, tuple]:
+    manifest = getattr(backend, "_manifest", None)
+    dynamic = manifest.get("dynamic") if isinstance(manifest, dict) else None
+    ranges = dynamic.get("ranges") if isinstance(dynamic, dict) and dynamic.get("mode") == "range" else None
+    if not isinstance(ranges, dict):
+        return {}
+    return {str(n): tuple(tuple(int(v) for v in r) if isinstance(r, list) else None for r in rng)
+            for n, rng in ranges.items() if isinstance(rng, list)}
 
 
 def _plain_format(rank: int) -> str:

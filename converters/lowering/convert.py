@@ -44,7 +44,7 @@ import onnx
 
 from npu_deploy import _io
 from npu_deploy._result import Result
-from npu_deploy.converters.lowering import pipeline
+from npu_deploy.converters.lowering import pipeline, ranges
 from npu_deploy.converters.lowering.options import ConvertOptions
 from npu_deploy.errors import DependencyError
 
@@ -172,7 +172,10 @@ def _convert(src: Path, output, o: ConvertOptions, *, report, progress) -> Conve
     else:
         with _aipp_prepended(ctx, src, o, say) as ctx:
             ctx.output = out
-            pipeline.run_steps([pipeline.STEPS["plan from ONNX"], pipeline.STEPS["bundle from plan"]], ctx, say)
+            if o.shape_ranges:  # planned at both ends of the range (converters.lowering.ranges)
+                ranges.plan_for_range(ctx, say)
+            steps = [] if o.shape_ranges else [pipeline.STEPS["plan from ONNX"]]
+            pipeline.run_steps(steps + [pipeline.STEPS["bundle from plan"]], ctx, say)
         p = ctx.plan
         result = ConvertResult(str(src), str(out), "builtin", reason, o.soc, o.precision, p.dynamic, support_d,
                                p.report.to_dict(), None, time.perf_counter() - t0, notes)

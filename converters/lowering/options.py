@@ -127,15 +127,6 @@ class ConvertOptions:
                              hint=f"use --backend builtin, where {self.input_format} host inputs are supported "
                                   f"(converted on the device), or feed the model's own layout and drop "
                                   f"--input-format")
-        if self.shape_ranges and backend == "builtin":
-            from npu_deploy.converters.files.onnx_model import fmt_range_shape
-
-            shown = "; ".join(f"{n}:{fmt_range_shape(self.input_shapes[n], r)}" for n, r in self.shape_ranges.items())
-            raise InputError(f"shape range {shown}: the built-in lowering does not plan shape ranges yet "
-                             f"(backend builtin: {reason})",
-                             hint="give gears instead (--dynamic-batch 1,2,4 / --dynamic-dims), or open the .onnx "
-                                  "with npu_deploy.InferenceSession(model, input_shapes={...: '1~4,...'}), which "
-                                  "lowers each shape in the range on first use")
         ignored = [k for k in caps.ignores if getattr(self, k)]
         if self.insert_op_conf and not caps.insert_op_conf:
             ignored.append("insert_op_conf")

@@ -97,8 +97,60 @@ def test_bad_ranges_and_ranges_with_gears_are_exit_2(tmp_path, model, run_cli):
                        dynamic_batch=[1, 4], shape_ranges={"x": ((1, 4), None, None, None)}, check_files=False)
 
 
-def test_the_builtin_lowering_says_clearly_what_to_do_with_a_range(tmp_path, model, run_cli):
-    code, _, err = run_cli("convert", model, "--backend", "builtin", "--input_shape", "x:1~4,3,16,16",
+def test_the_builtin_lowering_plans_a_range_and_the_bundle_runs_any_shape_inside(tmp_path, model, run_cli):
+    import numpy as np
+    import onnxruntime as ort
+
+    from npu_deploy import InferenceSession
+
+    out = tmp_path / "m.bundle"
+    code, stdout, err = run_cli("convert", model, "--backend", "builtin", "--input_shape", "x:1~4,3,16,16",
+                                "-o", out, "--no-preflight")
+    assert code == 0, err
+    assert "at the smallest shape" in stdout and "at the largest" in stdout  # cost at both ends
+    ref = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])
+    with InferenceSession(out) as s:
+        (inp,) = s.get_inputs()
+        assert inp.shape[0] == "batch" and inp.nbytes == 4 * 3 * 16 * 16 * 4  # buffers for the largest
+        for b in (1, 2, 3, 4):
+            x = np.random.default_rng(b).standard_normal((b, 3, 16, 16)).astype(np.float32)
+            (y,) = s.run(None, {"x": x})
+            np.testing.assert_allclose(y, ref.run(None, {"x": x})[0], rtol=1e-2, atol=1e-2)
+        with pytest.raises(InputError, match=r"input 'x'.*outside the range 1~4,3,16,16"):
+            s.run(None, {"x": np.zeros((5, 3, 16, 16), np.float32)})
+    np.save(tmp_path / "x5.npy", np.zeros((5, 3, 16, 16), np.float32))
+    code, _, err = run_cli("run", out, "--input", f"x={tmp_path / 'x5.npy'}")
+    assert code == 2 and "input 'x'" in err and "1~4,3,16,16" in err and "Traceback" not in err
+    code, stdout, _ = run_cli("inspect", out)
+    assert code == 0 and "range: x:1~4,3,16,16" in stdout
+    # the older spelling plans the same bundle
+    old = tmp_path / "old.bundle"
+    code, _, err = run_cli("convert", model, "--backend", "builtin", "--input_shape", "x:-1,3,16,16",
+                           "--input_shape_range", "x:[1~4,3,16,16]", "-o", old, "--no-preflight")
+    assert code == 0, err
+    assert old.read_bytes() == out.read_bytes()
+
+
+def test_an_unbounded_range_needs_atc(tmp_path, model, run_cli):
+    code, _, err = run_cli("convert", model, "--backend", "builtin", "--input_shape", "x:1~-1,3,16,16",
                            "-o", tmp_path / "m.bundle")
-    assert code == 2 and "x:1~4,3,16,16" in err and "InferenceSession" in err
-    assert not (tmp_path / "m.bundle").exists()
+    assert code == 2 and "upper bound" in err and not (tmp_path / "m.bundle").exists()
+
+
+@pytest.mark.realmodel
+def test_real_ppocr_cls_with_a_batch_range(real_model, tmp_path):
+    import numpy as np
+    import onnxruntime as ort
+
+    from npu_deploy import InferenceSession
+
+    path = real_model("ppocr_cls")
+    res = convert(path, tmp_path / "cls.bundle", backend="builtin", input_shapes={"x": "1~6,3,48,192"})
+    assert res.dynamic["mode"] == "range" and res.dynamic["ranges"] == {"x": [[1, 6], 3, 48, 192]}
+    ref = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    with InferenceSession(res.output) as s:
+        for b in (1, 5):
+            x = np.random.default_rng(b).random((b, 3, 48, 192), dtype=np.float32)
+            (y,) = s.run(None, {"x": x})
+            r = ref.run(None, {"x": x})[0]
+            np.testing.assert_allclose(y, r, atol=2e-2)
