@@ -8,11 +8,12 @@ The API follows onnxruntime's, so code written for ``onnxruntime.InferenceSessio
 
 * ``InferenceSession("model.onnx")`` converts in memory (ATC when it and a device are present, else the
   built-in lowering for the CPU emulator; :attr:`InferenceSession.conversion` says which). A model whose
-  inputs keep dynamic dims (symbolic, or ranges such as ``input_shapes={"x": "1~4,3,224,224"}``) opens at
-  once and lowers each new input shape on its first run, keeping the last ``shape_cache_size=`` (default 8;
-  also ``sess_options.add_session_config_entry("npu_deploy.shape_cache_size", "N")``) shapes
-  (:class:`ShapeCache`); gears given at open time (``dynamic_batch=`` / ``dynamic_dims=``) are one
-  conversion;
+  inputs keep dynamic dims (symbolic, or an unbounded range) opens at once and lowers each new input shape
+  on its first run, keeping the last ``shape_cache_size=`` (default 8; also
+  ``sess_options.add_session_config_entry("npu_deploy.shape_cache_size", "N")``) shapes
+  (:class:`ShapeCache`); a bounded range (``input_shapes={"x": "1~4,3,224,224"}``) is planned once by the
+  built-in lowering when one plan serves it (else shape by shape, bounds checked); gears given at open
+  time (``dynamic_batch=`` / ``dynamic_dims=``) are one conversion;
 * ``providers=["CANNExecutionProvider" | "CPUExecutionProvider", ...]`` (first one that can run the
   model wins; ``("CANNExecutionProvider", {"device_id": 1})`` sets the device), ``sess_options=``
   (an ``onnxruntime.SessionOptions``: threads and the rest honoured by the emulator's onnxruntime;
@@ -240,6 +241,10 @@ class InferenceSession:
             if dynamic_batch is None and dynamic_dims is None:
                 inputs, outputs = declared_io(self.path)
                 fixed = {i.name: tuple((shapes or {}).get(i.name, i.shape)) for i in inputs}
+                ranged_only = all(d >= 0 or (n in ranges and ranges[n][k] is not None)
+                                  for n, s in fixed.items() for k, d in enumerate(s))
+                if ranges and ranged_only and not use_atc and self._convert_range(input_shapes):
+                    return "bundle", "emulator"
                 if ranges or any(d < 0 for s in fixed.values() for d in s):
                     if profile:
                         raise InputError(f"{self.path}: profile=True needs fixed input shapes",
@@ -262,6 +267,23 @@ class InferenceSession:
         self.conversion = "ATC (.om, on the device)" if use_atc else "built-in lowering (bundle, CPU emulator)"
         _log.info("%s: converted in memory with %s", self.source_model, self.conversion)
         return ("om", "acl") if use_atc else ("bundle", "emulator")
+
+    def _convert_range(self, input_shapes) -> bool:
+        """The built-in lowering planned for a range once (``converters.lowering.ranges``): True when
+        it could; False when one plan cannot serve the range (then each shape is lowered on first use)."""
+        from npu_deploy.converters.lowering.convert import convert
+
+        out = Path(self._tmpdir) / (self.path.stem + ".bundle")
+        try:
+            res = convert(self.path, out, backend="builtin", input_shapes=dict(input_shapes))
+        except InputError as e:
+            if "one plan cannot serve" in e.message or "upper bound" in e.message:
+                _log.info("%s: %s; lowering each input shape on first use instead", self.path, e.message)
+                return False
+            raise
+        self.source_model, self.path = self.path, Path(res.output)
+        self.conversion = "built-in lowering for the shape range (one bundle, CPU emulator)"
+        return True
 
     def _remove_tmpdir(self) -> None:
         d, self._tmpdir = self._tmpdir, None

@@ -165,6 +165,10 @@ def _convert(src: Path, output, o: ConvertOptions, *, report, progress) -> Conve
     if chosen == "atc":
         # ATC takes the graph's own layout for ONNX models: its gears are the model's
         dynamic = {"mode": loaded.dynamic_mode, "gears": [{k: list(v) for k, v in g.items()} for g in loaded.gears]}
+        if o.shape_ranges:
+            dynamic = {"mode": "range", "gears": [], "ranges": {n: [list(r) if r else d for d, r in
+                                                                zip(o.input_shapes[n], rng)]
+                                                            for n, rng in o.shape_ranges.items()}}
         atc_d, om_path = _run_atc(loaded, out, o, atc_exe=atc_exe, say=say)
         _io.adopt(om_path)
         result = ConvertResult(str(src), om_path, "atc", reason, o.soc, o.precision, dynamic, support_d, None,

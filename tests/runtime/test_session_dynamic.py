@@ -104,11 +104,15 @@ def test_first_run_of_a_shape_says_once_on_a_terminal_and_never_elsewhere(dyn_on
 
 def test_a_range_given_at_open_time_bounds_the_shapes(dyn_onnx):
     with InferenceSession(dyn_onnx, input_shapes={"x": "1~4,3,16,16"}) as s:
-        assert s.run(None, {"x": _x(4)})[0].shape == (4, 4)
+        assert "shape range" in s.conversion and not isinstance(s.backend, ShapeCache)  # planned once
+        assert s.run(None, {"x": _x(4)})[0].shape == (4, 4) and s.run(None, {"x": _x(1)})[0].shape == (1, 4)
         with pytest.raises(InputError, match=r"input 'x'.*outside the range 1~4,3,16,16"):
             s.run(None, {"x": _x(5)})
         with pytest.raises(InputError, match=r"input 'x'.*16"):  # the fixed dims stay checked
             s.run(None, {"x": _x(2, hw=(8, 8))})
+    with InferenceSession(dyn_onnx, input_shapes={"x": "1~-1,3,16,16"}) as s:  # unbounded: shape by shape
+        assert isinstance(s.backend, ShapeCache)
+        assert s.run(None, {"x": _x(6)})[0].shape == (6, 4)
 
 
 def test_gears_given_at_open_time_are_one_conversion(dyn_onnx):

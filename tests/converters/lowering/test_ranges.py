@@ -52,7 +52,7 @@ def test_atc_gets_the_range_in_its_versions_spelling(tmp_path, model, monkeypatc
     monkeypatch.setenv("ATC_STANDIN_ARGV", str(rec))
     for shapes in ({"x": "1~4,3,16,16"}, {"x": [(1, 4), 3, 16, 16]}):
         res = convert(model, tmp_path / "m.om", backend="atc", atc=exe, input_shapes=shapes)
-        assert Path(res.output).exists()
+        assert Path(res.output).exists() and res.dynamic["ranges"] == {"x": [[1, 4], 3, 16, 16]}
         argv = _argv(rec)
         assert shape_flag in argv
         assert [a for a in argv if a.startswith("--input_shape_range")] == ([range_flag] if range_flag else [])
