@@ -44,8 +44,9 @@ def parse_shape(text: str, *, option: str = "--shape") -> tuple[int, ...]:
         if v > MAX_ELEMENTS:
             raise click.BadParameter(f"{text!r}: dimension {v} is too large (at most 2**62)", param_hint=option)
         dims.append(v)
-    if math.prod(d for d in dims if isinstance(d, int) and d > 0) > MAX_ELEMENTS:
-        raise click.BadParameter(f"{text!r}: {math.prod(d for d in dims if isinstance(d, int) and d > 0):.3g} elements is too many "
+    count = math.prod(d for d in dims if isinstance(d, int) and d > 0)  # a range counts as dynamic
+    if count > MAX_ELEMENTS:
+        raise click.BadParameter(f"{text!r}: {count:.3g} elements is too many "
                                  f"(at most 2**62)", param_hint=option)
     return tuple(dims)
 

@@ -9,8 +9,8 @@ ends bracket (see *Limits*) — else the range is refused naming the first tenso
 and gears are the way out. The cost is estimated at both ends and reported in the plan's notes.
 
 The bundle records the ranges in ``manifest["dynamic"] = {"mode": "range", "gears": [], "ranges":
-{input: [[low, high] | dim, ...]}}`` (``{"x": [[1, 4], 3, 224, 224]}``); its inputs (and the outputs whose dims change across the range)
-have ``-1`` there, so the emulator runs any shape, and the session refuses one outside a range, naming
+{input: [[low, high] | dim, ...]}}`` (``{"x": [[1, 4], 3, 224, 224]}``); its inputs (and the outputs
+whose dims change across the range) have ``-1`` there, so the emulator runs any shape, and the session refuses one outside a range, naming
 the input and the range (exit 2).
 
 *Limits*: a format that is valid at both ends but not at a shape in between is not detected (no format
