@@ -66,6 +66,7 @@ import subprocess
 import tempfile
 import threading
 import time
+from pathlib import Path
 from typing import Any, Callable, ClassVar, Iterable, Mapping, Sequence
 
 from npu_deploy._result import Result
@@ -228,7 +229,7 @@ def build_atc_argv(model: str | os.PathLike, output: str | os.PathLike, *, soc: 
                    log: str | None = "error",
                    extra_args: Sequence[str] = (),
                    workdir: str | os.PathLike | None = None,
-                   check_files: bool = True) -> list[str]:
+                   check_files: bool = True, shape_ranges: Mapping[str, Sequence[Any]] | None = None) -> list[str]:
     """ATC's argument list for an ONNX model, checked against ATC's documented rules first.
 
     ``output`` may end in ``.om``; the suffix is dropped because ATC appends it. Set
@@ -262,7 +263,9 @@ def build_atc_argv(model: str | os.PathLike, output: str | os.PathLike, *, soc: 
     for key, flag in ATC_FLAGS.items():
         if values[key] is not None:
             argv.append(flag.render(values[key]))
-    return argv + _extra_argv(extra_args, {_flag_name(a) for a in argv[1:]}, precision_mode, values)
+    argv += _extra_argv(extra_args, {_flag_name(a) for a in argv[1:]}, precision_mode, values)
+    gears_given = [g for g in _GEAR_OPTIONS if values[g]]
+    return shape_range_argv(argv, shape_ranges, gears_given)
 
 
 def _check_target(model_s: str, output: str | os.PathLike, soc: str, shapes: Mapping[str, tuple[int, ...]],
@@ -866,3 +869,71 @@ def atc_convert(model: str | os.PathLike, output: str | os.PathLike, *, soc: str
         return run_atc(argv, timeout=timeout, on_line=on_line, on_tick=on_tick, log_dir=log_dir)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# Shape ranges: the spelling depends on the installed ATC
+
+#: since CANN 8.5 ranges go inside ``--input_shape`` (``x:1~4,3,224,224``); ``--input_shape_range``
+#: (``x:[1~4,3,224,224]``) is deprecated there, and the only spelling older ATC understands
+RANGE_IN_INPUT_SHAPE = (8, 5)
+
+
+def installed_version(atc: str | os.PathLike) -> tuple[int, ...] | None:
+    """The CANN version of an ATC install, from ``compiler/version.info`` (``Version=8.5.0``) beside
+    ``compiler/bin/atc`` (the path as given, then with links resolved), else under
+    ``$ASCEND_TOOLKIT_HOME``; None when no such file says."""
+    exe = Path(os.fspath(atc))
+    places = [exe.parent.parent / "version.info", exe.resolve().parent.parent / "version.info"]
+    home = os.environ.get("ASCEND_TOOLKIT_HOME")
+    if home:
+        places.append(Path(home) / "compiler" / "version.info")
+    for f in places:
+        try:
+            text = f.read_text(errors="replace")[:4096]
+        except OSError:
+            continue
+        m = re.search(r"^\s*Version\s*=\s*(\d+)\.(\d+)", text, flags=re.M | re.I)
+        if m:
+            return int(m.group(1)), int(m.group(2))
+    return None
+
+
+def shape_range_argv(argv: list[str], shape_ranges: Mapping[str, Sequence[Any]] | None,
+                     gears: Sequence[str] = ()) -> list[str]:
+    """``argv`` with ``shape_ranges`` (``{input: per-dim (low, high) or None}``) written the way the
+    installed ATC (``argv[0]``) expects: ``~`` inside ``--input_shape`` from CANN 8.5 on, else ``-1``
+    there plus ``--input_shape_range`` (also when the version cannot be read: every ATC with ranges
+    still accepts that spelling).
+
+    >>> shape_range_argv(["/nowhere/atc", "--input_shape=x:4,3,8,8"], {"x": ((1, 4), None, None, None)})
+    ['/nowhere/atc', '--input_shape=x:-1,3,8,8', '--input_shape_range=x:[1~4,3,8,8]']
+    """
+    if not shape_ranges:
+        return argv
+    if gears:
+        raise InputError(f"ATC rejects shape ranges together with dynamic gears ({', '.join(gears)})",
+                         hint="give ranges or gears, not both")
+    k = next((i for i, a in enumerate(argv) if a.startswith("--input_shape=")), None)
+    if k is None:
+        raise InputError("shape ranges need the input shapes (--input-shape)")
+    shapes: dict[str, list[str]] = {}
+    for item in argv[k].partition("=")[2].split(";"):
+        name, _, dims = item.rpartition(":")
+        shapes[name] = dims.split(",") if dims else []
+    ranged: dict[str, list[str]] = {}
+    for name, rng in shape_ranges.items():
+        if name not in shapes:
+            raise InputError(f"shape range for {name!r}, which has no --input-shape entry")
+        dims = shapes[name]
+        ranged[name] = [f"{r[0]}~{r[1]}" if r else d for d, r in zip(dims, rng)]
+        shapes[name] = ["-1" if r else d for d, r in zip(dims, rng)]
+    version = installed_version(argv[0])
+    out = list(argv)
+    if version is not None and version >= RANGE_IN_INPUT_SHAPE:
+        shapes.update(ranged)
+        out[k] = "--input_shape=" + ";".join(f"{n}:{','.join(d)}" for n, d in shapes.items())
+        return out
+    out[k] = "--input_shape=" + ";".join(f"{n}:{','.join(d)}" for n, d in shapes.items())
+    out.insert(k + 1, "--input_shape_range=" + ";".join(f"{n}:[{','.join(d)}]" for n, d in ranged.items()))
+    return out
