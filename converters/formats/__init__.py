@@ -62,8 +62,10 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import re
 import threading
+import time
 from functools import lru_cache
 from typing import Any, Callable, Mapping, Sequence
 
@@ -1290,6 +1292,7 @@ class _Recipe:
     scatter: bool = False
     unit: int = 1               # elements moved as one (an aligned run contiguous on both sides)
     programs: dict = dataclasses.field(default_factory=dict)   # thread count -> kernel program
+    choices: dict = dataclasses.field(default_factory=dict)    # thread count -> (variant, CPU s by variant)
     views: int = 0              # leading stages that are views (no intermediate array)
 
     @property
@@ -1465,6 +1468,74 @@ def _program(r: _Recipe, n_threads: int):
     return tuple(rec.steps) if rec.ok else False
 
 
+class _Plain(_Run):
+    """The derived path's steps as plain numpy assignments (``dst[...] = src``): the numpy
+    transpose of the same layout, one of the variants a recipe is timed against."""
+
+    def copy(self, dst: np.ndarray, src: np.ndarray) -> None:
+        dst[...] = src
+
+
+_PLAIN = "numpy"                # a recipe's program that is the plain numpy path
+_TUNE = os.environ.get("NPU_DEPLOY_TUNE", "1").strip().lower() not in _fastcopy._OFF
+_TUNE_BYTES = 1 << 20           # output bytes: below this the recorded program runs untimed
+_TUNE_ROUNDS_BYTES = 48 << 20   # timed rounds: about this many output bytes per variant (1 to 3 rounds)
+
+
+def _variant_steps(steps: tuple, nt: bool, a_bytes: int) -> tuple:
+    return tuple(step if type(step) is int else
+                 tuple((fn, di, do, si, so, _fastcopy.task_variant(fn, args, nt, a_bytes))
+                       for fn, di, do, si, so, args in step) for step in steps)
+
+
+def _run_plain(r: "_Recipe", x: np.ndarray, out: np.ndarray) -> None:
+    temps = _temps(r)
+    if r.unpack:
+        phys = x if x.shape == r.plan.storage else x.reshape(r.plan.storage)
+        _unpack_derived(phys, r.plan, out, sink=_Plain(), temps=temps)
+    else:
+        _pack_derived(x, r.plan, out, sink=_Plain(), temps=temps)
+
+
+def _tune(r: "_Recipe", steps: tuple, x: np.ndarray, out: np.ndarray, bufs: list[np.ndarray],
+          n_threads: int):
+    """The fastest of the recorded program's kernel variants (streaming stores on / off, tile
+    depths: :data:`_fastcopy.VARIANTS`) and the plain numpy path, timed in process CPU time on this
+    call's own buffers (every variant writes the same bytes, so ``out`` is complete whichever ran
+    last). Which one wins depends on the host's caches and write-combining, so it is measured here
+    rather than fixed in the code; the variants alternate within each round, the best of the rounds
+    counts. Recorded in ``r.choices[n_threads]``."""
+    cands: dict[str, Any] = {"recorded": steps}
+    seen = {repr(steps)}
+    for nt, a_bytes in _fastcopy.VARIANTS:
+        v = _variant_steps(steps, nt, a_bytes)
+        key = repr(v)
+        if key not in seen:
+            seen.add(key)
+            cands[f"{'nt' if nt else 'st'}-{a_bytes}"] = v
+    cands[_PLAIN] = _PLAIN
+    rounds = max(1, min(3, _TUNE_ROUNDS_BYTES // max(out.nbytes, 1)))
+    best = {k: float("inf") for k in cands}
+    _replay(steps, bufs, n_threads)                 # warm-up: first touch of the buffers
+    for _ in range(rounds):
+        for k, prog in cands.items():
+            t0 = time.process_time()
+            if prog is _PLAIN:
+                _run_plain(r, x, out)
+            else:
+                _replay(prog, bufs, n_threads)
+            best[k] = min(best[k], time.process_time() - t0)
+    win = min(best, key=best.get)
+    if cands[win] is not _PLAIN and win != "recorded" and best["recorded"] <= best[win]:
+        win = "recorded"
+    r.choices[n_threads] = (win, best)
+    if cands[win] is not _PLAIN:
+        _replay(cands[win], bufs, n_threads)        # out is complete after any variant; this one last
+    else:
+        _run_plain(r, x, out)
+    return cands[win]
+
+
 def _replay(steps: tuple, bufs: list[np.ndarray], n_threads: int) -> None:
     ptrs = [b.__array_interface__["data"][0] for b in bufs]
     for step in steps:
@@ -1508,7 +1579,15 @@ def _run_recipe(r: _Recipe, x: np.ndarray, out: np.ndarray | None, threads: int 
         n = threads or _fastcopy._threads()
         prog = r.programs.get(n)
         if prog is None:
-            prog = r.programs[n] = _program(r, n)
+            prog = _program(r, n)
+            if prog is not False and _TUNE and out.nbytes >= _TUNE_BYTES:
+                bufs = [x, out, *_temps(r)] if r.views < len(r.plan.stages) - 1 else [x, out]
+                prog = r.programs[n] = _tune(r, prog, x, out, bufs, n)
+                return out
+            r.programs[n] = prog
+        if prog is _PLAIN:
+            _run_plain(r, x, out)
+            return out
         if prog is not False:
             _replay(prog, [x, out, *_temps(r)] if r.views < len(r.plan.stages) - 1 else [x, out], n)
             return out
