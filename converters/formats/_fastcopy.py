@@ -695,19 +695,25 @@ def _tiles(shape, unit: int, a_bytes: int) -> tuple[int, int]:
 
 
 # Kernel variants tried per recipe (formats' recipes time them on the first call's buffers and keep
-# the fastest, see :func:`task_variant`): streaming stores off / on, and the tile depth along the
-# destination's inner axis. Which wins depends on the host (write-combining buffers, cache sizes,
-# prefetchers), not only on the layout: measured on two x86-64 hosts, NC1HWC0 fp16 unpack runs at
-# 0.16-0.3 of a copy with streaming stores and 1.0-1.4 without; NC1HWC0 fp16 pack the other way.
-VARIANTS: tuple[tuple[bool, int], ...] = ((False, 256), (False, 2048), (True, 256), (True, 2048))
+# the fastest, see :func:`task_variant`): (streaming stores, mode-1 tile depth in bytes along the
+# destination's inner axis, npd_tile3 r-chunk: 0 = r innermost, -1 = one 64-byte line of the run
+# side, else that many r). Which wins depends on the host (write-combining buffers, cache sizes,
+# prefetchers), not only on the layout: on one x86-64 host NC1HWC0 fp16 unpack runs at 0.16-0.3 of
+# a copy with streaming stores and 1.0-1.4 without, NC1HWC0 fp16 pack the other way round.
+VARIANTS: tuple[tuple[bool, int, int], ...] = (
+    (False, 256, 0), (False, 2048, 0), (True, 256, 0), (True, 2048, 0),
+    (False, 256, -1), (True, 256, -1), (False, 256, 8), (True, 256, 8))
 
 
-def task_variant(fn, args: tuple, nt: bool, a_bytes: int) -> tuple:
+def task_variant(fn, args: tuple, nt: bool, a_bytes: int, rc: int = 0) -> tuple:
     """``args`` of a kernel task (from :func:`kernel_tasks`) with streaming stores ``nt`` (where the
-    task's mode allows them) and tile depth ``a_bytes``; the box copied, hence the result, is the same."""
+    task's mode allows them), tile depth ``a_bytes`` (npd_copy) and r-chunk ``rc`` (npd_tile3);
+    the box copied, hence the result, is the same whatever the variant."""
     if fn is _kernel.get("fn3"):
         nd, c_shape, c_ds, c_ss, unit, d = args
-        return (nd, c_shape, c_ds, c_ss, unit, (d & ~4) | (4 if nt else 0))
+        if rc < 0:
+            rc = max(1, 64 // max(1, c_shape[nd - 2] * unit))
+        return (nd, c_shape, c_ds, c_ss, unit, (d & 3) | (4 if nt else 0) | (min(rc, 255) << 8))
     nd, c_shape, c_ds, c_ss, unit, mode, tile_a, tile_b = args
     if mode & ~4 != 1:
         return args                                 # rows mode: no tiles, no streaming stores
