@@ -1481,7 +1481,7 @@ class _Plain(_Run):
 
 _PLAIN = "numpy"                # a recipe's program that is the plain numpy path
 _TUNE = os.environ.get("NPU_DEPLOY_TUNE", "1").strip().lower() not in _fastcopy._OFF
-_TUNE_BYTES = 1 << 20           # output bytes: below this the recorded program runs untimed
+_TUNE_BYTES = 1 << 20           # bytes (input or output): below this the recorded program runs untimed
 _TUNE_ROUNDS_BYTES = 48 << 20   # timed rounds: about this many output bytes per variant (1 to 3 rounds)
 
 
@@ -1719,7 +1719,7 @@ def _run_recipe(r: _Recipe, x: np.ndarray, out: np.ndarray | None, threads: int 
         prog = r.programs.get(n)
         if prog is None:
             prog = _program(r, n)
-            if prog is not False and _TUNE and out.nbytes >= _TUNE_BYTES:
+            if prog is not False and _TUNE and max(out.nbytes, x.nbytes) >= _TUNE_BYTES:
                 bufs = [x, out, *_temps(r)] if r.views < len(r.plan.stages) - 1 else [x, out]
                 prog = r.programs[n] = _tune(r, prog, x, out, bufs, n)
                 return out
