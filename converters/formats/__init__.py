@@ -47,6 +47,11 @@ Conventions
   ``np.take`` through a precomputed index map, larger ones a recorded sequence of compiled-kernel
   calls (``_fastcopy``); without the kernel, the derived interpreter below. ``threads=`` sets the
   thread count of large copies (default ``NPU_DEPLOY_THREADS``, else the usable cores, at most 8).
+  Choices are measured on the host, per recipe: from 1 MiB the first call times the program's
+  kernel variants (streaming stores, tile depth, loop order) and the plain numpy assignment on its
+  own buffers, in process CPU time, and keeps the fastest (``NPU_DEPLOY_TUNE=0``: the recorded
+  default); a small recipe called again with the very same ``x`` and ``out`` runs a runner bound to
+  them (the gather or the plain numpy assignment, whichever it measured faster).
 * Errors are :class:`npu_deploy.errors.FormatError`.
 
 Additions to the contract in ``docs/internals.md``: :data:`GE_FORMATS`, :data:`GE_DTYPES`,

@@ -45,6 +45,9 @@ written at once (no read-for-ownership of the destination: a third less memory t
 
 :func:`kernel_tasks` returns the kernel calls of a copy without running them, so ``formats`` can
 record a whole pack/unpack once and replay it on other buffers of the same shapes (:func:`run_tasks`).
+:func:`task_variant` rewrites a recorded call with other streaming-store / tile / loop-order
+settings (:data:`VARIANTS`), same bytes copied: ``formats`` times them per recipe on the host and
+keeps the fastest, since the best setting depends on the host's caches and write-combining.
 
 Copies of at least ``_PARALLEL_BYTES`` are split over ``min(len(sched_getaffinity), 8)`` threads
 (numpy, onnxruntime and the kernel release the GIL while copying), or the caller's ``threads``: the
