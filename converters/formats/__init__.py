@@ -1634,21 +1634,34 @@ def _views_runner(r: _Recipe, x: np.ndarray, out: np.ndarray) -> Callable[[], No
     return run_all
 
 
-def _bind_small(r: _Recipe, x: np.ndarray, out: np.ndarray) -> None:
+def _program_runner(r: _Recipe, x: np.ndarray, out: np.ndarray, threads: int | None) -> Callable[[], None] | None:
+    """The recipe's recorded kernel program bound to these buffers; None when the kernel cannot do it."""
+    if not _fastcopy.KERNEL_ENABLED or _fastcopy._kernel_fn() is None:
+        return None
+    n = threads or _fastcopy._threads()
+    prog = r.programs.get(n)
+    if prog is None:
+        prog = r.programs[n] = _program(r, n)
+    if prog is False or prog is _PLAIN:
+        return None
+    bufs = [x, out, *_temps(r)] if r.views < len(r.plan.stages) - 1 else [x, out]
+    return lambda: _replay(prog, bufs, n)
+
+
+def _bind_small(r: _Recipe, x: np.ndarray, out: np.ndarray, threads: int | None = None) -> bool:
     """Run a small recipe on ``x`` -> ``out`` and bind the runner to these buffers (a repeated call
     with the same arrays, the emulator's case, then only checks their identity). The first binding
-    of a recipe chooses between its gather and the plain numpy expression of the layout by timing
-    both in process CPU time, alternating; later bindings build the chosen one."""
+    of a recipe chooses between its gather, the plain numpy expression of the layout and its kernel
+    program by timing them in process CPU time, alternating; later bindings build the chosen one.
+    False when none applies (nothing was run)."""
+    makers = {"gather": _gather_runner if r.gather is not None and r.gather.size <= _GATHER_MAX else None,
+              "views": _views_runner, "kernel": lambda r_, x_, o_: _program_runner(r_, x_, o_, threads)}
     kind = r.last[1]
-    if kind == "views":
-        run = _views_runner(r, x, out)
-    elif kind == "gather":
-        run = _gather_runner(r, x, out)
-    else:
-        cands = {"gather": _gather_runner(r, x, out)}
-        views = _views_runner(r, x, out)
-        if views is not None:
-            cands["views"] = views
+    run = makers[kind](r, x, out) if kind else None
+    if run is None:
+        cands = {k: f for k, f in ((k, m(r, x, out)) for k, m in makers.items() if m is not None) if f is not None}
+        if not cands:
+            return False                # nothing to bind: the caller takes the general path
         best = {k: float("inf") for k in cands}
         for _ in range(3 if len(cands) > 1 else 0):
             for k, f in cands.items():
@@ -1656,7 +1669,7 @@ def _bind_small(r: _Recipe, x: np.ndarray, out: np.ndarray) -> None:
                 for _ in range(_SMALL_TRIALS):
                     f()
                 best[k] = min(best[k], time.process_time() - t0)
-        kind = min(best, key=best.get) if len(cands) > 1 else "gather"
+        kind = min(best, key=best.get)
         run = cands[kind]
     run()
     r.last[1] = kind
@@ -1664,6 +1677,7 @@ def _bind_small(r: _Recipe, x: np.ndarray, out: np.ndarray) -> None:
         r.last[0] = (weakref.ref(x), weakref.ref(out), run)   # one tuple: replaced atomically
     except TypeError:                   # no weak references to these objects: no binding
         pass
+    return True
 
 
 # The last pack / unpack call bound to its buffers: (x ref, out ref, fmt, c0, groups, origin, x shape,
@@ -1696,10 +1710,11 @@ def _run_recipe(r: _Recipe, x: np.ndarray, out: np.ndarray | None, threads: int 
         if bound is not None and bound[0]() is x and bound[1]() is out:
             bound[2]()              # the same buffers as a previous call: the runner bound to them
             return out
-        if (r.gather is not None and _SMALL_BIND and _fastcopy.ENABLED and r.gather.size <= _GATHER_MAX
-                and out.nbytes <= _BIND_BYTES and x.flags.c_contiguous):
-            _bind_small(r, x, out)
-            return out
+        if (_SMALL_BIND and _fastcopy.ENABLED and out.nbytes <= _BIND_BYTES and x.nbytes <= _BIND_BYTES
+                and x.flags.c_contiguous and out.size
+                and ((r.gather is not None and r.gather.size <= _GATHER_MAX) or _fastcopy._kernel_fn() is not None)):
+            if _bind_small(r, x, out, threads):
+                return out
     if (r.gather is not None and _fastcopy.ENABLED and x.flags.c_contiguous
             and (r.gather.size <= _GATHER_MAX or _fastcopy._kernel_fn() is None)):
         # raw units: take/put move bytes; zeros are written through unsigned views (bit-exact zero

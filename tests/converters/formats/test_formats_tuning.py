@@ -189,3 +189,26 @@ def test_host_line():
     line = host.describe()
     assert "usable cores" in line and "load average" in line and "quiet?" in line
     assert host.is_quiet(0.5, 2) and not host.is_quiet(1.5, 2)
+
+
+@pytest.mark.parametrize("fmt,shape,dtype", [("NC1HWC0", (1, 64, 16, 16), np.float32),
+                                             ("NC1HWC0", (1, 19, 33, 31), np.float16),
+                                             ("FRACTAL_Z", (64, 90, 3, 3), np.int8)])
+def test_64k_bound_call_exact(fmt, shape, dtype):
+    """Past the gather size a 64 KiB recipe binds its kernel program or the plain views instead."""
+    F._clear_recipes()
+    rng = np.random.default_rng(5)
+    x = random_array(rng, shape, dtype)
+    c0 = F.default_c0(dtype)
+    out = np.empty(F.storage_shape(fmt, shape, dtype), dtype)
+    back = np.empty_like(x)
+    for _ in range(3):
+        x[...] = random_array(rng, shape, dtype)
+        out.view(np.uint8).fill(0x5A)
+        back.view(np.uint8).fill(0xA5)
+        F.pack(x, fmt, out=out)
+        assert out.tobytes() == oracle_bytes(fmt, x, c0).tobytes()
+        F.unpack(out, fmt, shape, out=back)
+        assert back.tobytes() == x.tobytes()
+    assert _recipe("p", x.shape, dtype).last[1] in ("gather", "views", "kernel")
+    F._clear_recipes()
