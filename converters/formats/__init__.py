@@ -1387,6 +1387,7 @@ def _clear_recipes() -> None:
         _recipes.clear()
         _recipe_bytes = 0
         _last_call[0] = _last_unpack_call[0] = None
+        _tuned_classes.clear()
 
 
 def _cache_key(kind: str, fmt: Any, *rest: Any) -> tuple | None:
@@ -1487,7 +1488,8 @@ class _Plain(_Run):
 _PLAIN = "numpy"                # a recipe's program that is the plain numpy path
 _TUNE = os.environ.get("NPU_DEPLOY_TUNE", "1").strip().lower() not in _fastcopy._OFF
 _TUNE_BYTES = 1 << 20           # bytes (input or output): below this the recorded program runs untimed
-_TUNE_ROUNDS_BYTES = 48 << 20   # timed rounds: about this many output bytes per variant (1 to 3 rounds)
+_TUNE_ROUNDS_BYTES = 48 << 20   # timed rounds: about this many bytes per variant (1 to 3 rounds)
+_tuned_classes: dict[tuple, str] = {}   # layout class -> winning variant label (see _tune)
 
 
 def _variant_steps(steps: tuple, nt: bool, a_bytes: int, rc: int) -> tuple:
@@ -1514,15 +1516,32 @@ def _tune(r: "_Recipe", steps: tuple, x: np.ndarray, out: np.ndarray, bufs: list
     rather than fixed in the code; the variants alternate within each round, the best of the rounds
     counts. Recorded in ``r.choices[n_threads]``."""
     cands: dict[str, Any] = {"recorded": steps}
+    params: dict[str, tuple] = {}
     seen = {repr(steps)}
     for nt, a_bytes, rc in _fastcopy.VARIANTS:
         v = _variant_steps(steps, nt, a_bytes, rc)
         key = repr(v)
         if key not in seen:
             seen.add(key)
-            cands[f"{'nt' if nt else 'st'}-a{a_bytes}-r{rc}"] = v
+            label = f"{'nt' if nt else 'st'}-a{a_bytes}-r{rc}"
+            cands[label] = v
+            params[label] = (nt, a_bytes, rc)
     cands[_PLAIN] = _PLAIN
-    rounds = max(1, min(3, _TUNE_ROUNDS_BYTES // max(out.nbytes, 1)))
+    # a layout class already measured in this process (same format, direction, dtype, threads and
+    # size within a factor of 2): its winner, untimed, so that converting a model's many weights
+    # pays the timing once per class, not once per weight
+    klass = (r.plan.fmt.name, r.unpack, r.plan.dtype.str, n_threads, max(out.nbytes, x.nbytes).bit_length(),
+             len(r.plan.stages), math.prod(r.plan.shape[2:]) if len(r.plan.shape) > 2 else 0)
+    known = _tuned_classes.get(klass)
+    if known is not None and (known in cands or known == "recorded"):
+        r.choices[n_threads] = (known, {})
+        prog = cands[known]
+        if prog is _PLAIN:
+            _run_plain(r, x, out)
+        else:
+            _replay(prog, bufs, n_threads)
+        return prog
+    rounds = max(1, min(3, _TUNE_ROUNDS_BYTES // max(out.nbytes, x.nbytes, 1)))
     best = {k: float("inf") for k in cands}
     _replay(steps, bufs, n_threads)                 # warm-up: first touch of the buffers
     for _ in range(rounds):
@@ -1537,6 +1556,7 @@ def _tune(r: "_Recipe", steps: tuple, x: np.ndarray, out: np.ndarray, bufs: list
     if cands[win] is not _PLAIN and win != "recorded" and best["recorded"] <= best[win]:
         win = "recorded"
     r.choices[n_threads] = (win, best)
+    _tuned_classes[klass] = win
     if cands[win] is not _PLAIN:
         _replay(cands[win], bufs, n_threads)        # out is complete after any variant; this one last
     else:

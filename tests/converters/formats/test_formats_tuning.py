@@ -212,3 +212,20 @@ def test_64k_bound_call_exact(fmt, shape, dtype):
         assert back.tobytes() == x.tobytes()
     assert _recipe("p", x.shape, dtype).last[1] in ("gather", "views", "kernel")
     F._clear_recipes()
+
+
+def test_layout_class_reuses_its_winner():
+    """A second weight of the same class (format, direction, dtype, size within 2x, H*W) takes the
+    first one's winner untimed, and is still exact."""
+    F._clear_recipes()
+    rng = np.random.default_rng(6)
+    a = random_array(rng, (256, 256, 3, 3), np.float16)
+    b = random_array(rng, (256, 272, 3, 3), np.float16)
+    F.pack(a, "FRACTAL_Z")
+    got = F.pack(b, "FRACTAL_Z")
+    assert got.tobytes() == oracle_bytes("FRACTAL_Z", b, 16).tobytes()
+    ra, rb = _recipe("p", a.shape, a.dtype), _recipe("p", b.shape, b.dtype)
+    n = _fastcopy._threads()
+    assert ra.choices[n][1] and rb.choices[n][1] == {}
+    assert rb.choices[n][0] == ra.choices[n][0]
+    F._clear_recipes()
