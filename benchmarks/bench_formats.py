@@ -555,22 +555,25 @@ Read the tables with the host line: the 2 cores were shared with other jobs (loa
 core), which disturbs CPU-time ratios too (shared caches and memory bandwidth), though far less than
 wall time. The summary and the "off" list under the tables are this run's.
 
-* **Per call**: the plain numpy expression is no longer faster than `pack`/`unpack(out=...)` in any
-  row (before: 2-3x faster at 4 KiB, because every call paid key building and argument checks that
-  a bound runner skips).
-* **16 MiB**: NC1HWC0 / NDC1HWC0 (all dtypes, both directions) and FRACTAL_NZ reach 0.6-1.4 of a
-  copy; the unpack rows the issue measured at 0.13-0.3 now choose ordinary stores and run at
-  0.7-1.0. Every row is faster than the plain numpy expression.
-* **Not met: FRACTAL_Z (plain and grouped) fp16 both ways and int8 pack (0.3-0.55), and most rows at
-  256 MiB.** FRACTAL_Z's copy is one 16x9 (32x9 int8) transpose per 288-byte block with a ragged
-  ninth row: measured in cache (576 KiB weight, L2) the kernel moves ~12 GB/s against ~45 GB/s for
-  a copy, i.e. it is bound by the SSE2 shuffles, not by the access pattern; no variant of the loop
-  order changes that (r-chunks were measured and lose 2x at 16 MiB). A wider (AVX2 / AVX-512
-  `vpermt2w`) block transpose with runtime dispatch is the next step and is not done. At 256 MiB
-  the transposes lose more than the copy to the memory contention of the other jobs (NC1HWC0 fp16
-  pack 0.85, unpack 0.58, FRACTAL_NZ 0.43-0.68 in one run at load 6-11); the tuner still picks the
-  fastest variant there (streaming stores win at 256 MiB for FRACTAL_NZ pack, lose for NC1HWC0
-  unpack), and every row stays 2-10x above the plain numpy expression.
+* **Per call** (this run: target met in 60 of 60 rows, not slower than naive in 59 of 60): the
+  plain numpy expression was 2-3x faster than `pack`/`unpack(out=...)` at 4 KiB before, because
+  every call paid key building and argument checks that a bound runner now skips. The one row at
+  0.81x (NC1HWC0 fp32 unpack, 64 KiB) is past the gather size: its choice between the kernel
+  program and the views was measured once, under a load above 10 per core.
+* **Large tensors** (this run: 37 of 60 rows at >= 0.6 of a copy in CPU time, every one of the 60
+  faster than the plain numpy expression, typically 2-10x): NC1HWC0 / NDC1HWC0 fp16 and fp32 and
+  FRACTAL_NZ at both sizes, int8 at 16 MiB; the unpack rows the issue measured at 0.13-0.3 now
+  choose ordinary stores and deeper tiles (*variant* `st-a2048-r0`) and run at 0.9-1.1 at 16 MiB.
+* **Not met: FRACTAL_Z (plain and grouped) in every dtype at 256 MiB and fp16 / int8 at 16 MiB
+  (0.23-0.55), and int8 NC1HWC0 / NDC1HWC0 pack and FRACTAL_NZ int8 pack at 256 MiB (0.42-0.55).**
+  FRACTAL_Z's copy is one 16x9 (32x9 int8) transpose per 288-byte block with a ragged ninth row:
+  measured separately in cache (a 576 KiB weight, in L2) the kernel moves ~12 GB/s against ~45 GB/s
+  for a copy, i.e. it is bound by the SSE2 shuffles, not by the access pattern, and no loop-order
+  variant changes that (the r-chunk order was measured and loses 2x at 16 MiB). A wider (AVX2 /
+  AVX-512 `vpermt2w`) block transpose with runtime dispatch is the next step and is not done. At
+  256 MiB the transposes lose more than the copy to the other jobs' memory traffic (compare the
+  16 MiB rows); the tuner still picks the fastest variant there (streaming stores win at 256 MiB
+  for FRACTAL_NZ unpack, lose for NC1HWC0 unpack).
 * **2 threads**: reported (wall clock), not a target of this run: with the load above 1 per core
   the helper thread mostly waits for a core.
 

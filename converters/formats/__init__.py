@@ -1514,18 +1514,16 @@ def _tune(r: "_Recipe", steps: tuple, x: np.ndarray, out: np.ndarray, bufs: list
     call's own buffers (every variant writes the same bytes, so ``out`` is complete whichever ran
     last). Which one wins depends on the host's caches and write-combining, so it is measured here
     rather than fixed in the code; the variants alternate within each round, the best of the rounds
-    counts. Recorded in ``r.choices[n_threads]``."""
+    counts. Recorded in ``r.choices[n_threads]`` (variant, CPU seconds by variant; ``{}`` when the
+    winner of the recipe's layout class was reused untimed)."""
     cands: dict[str, Any] = {"recorded": steps}
-    params: dict[str, tuple] = {}
     seen = {repr(steps)}
     for nt, a_bytes, rc in _fastcopy.VARIANTS:
         v = _variant_steps(steps, nt, a_bytes, rc)
         key = repr(v)
         if key not in seen:
             seen.add(key)
-            label = f"{'nt' if nt else 'st'}-a{a_bytes}-r{rc}"
-            cands[label] = v
-            params[label] = (nt, a_bytes, rc)
+            cands[f"{'nt' if nt else 'st'}-a{a_bytes}-r{rc}"] = v
     cands[_PLAIN] = _PLAIN
     # a layout class already measured in this process (same format, direction, dtype, threads and
     # size within a factor of 2): its winner, untimed, so that converting a model's many weights
