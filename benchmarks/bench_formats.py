@@ -16,7 +16,7 @@ cores, caches, load averages, "quiet?") and the 1-minute load beside every row:
 
 The run exits 1 (after printing what is off) when a target is missed by more than the row's noise,
 or when a figure the README documents ("0.95 ± 0.04") differs from the new one by more than both
-noises (and 15 %); ``--no-check`` exits 0 anyway. ``--write`` writes ``benchmarks/README-formats.md``.
+noises (and 15 %, or 30 % when the host is not quiet); ``--no-check`` exits 0 anyway. ``--write`` writes ``benchmarks/README-formats.md``.
 Formats NC1HWC0, NDC1HWC0, FRACTAL_Z, FRACTAL_Z with groups=4, FRACTAL_NZ; float16, float32, int8;
 both directions.
 
@@ -388,8 +388,10 @@ def documented(path: Path) -> dict:
 
 def check(small: list[dict], large: list[dict], doc: dict) -> list[str]:
     """What is off: a target missed by more than the row's noise, or a documented figure the new
-    measurement differs from by more than both noises together (and 15 %: another host of the same
-    kind is not this one)."""
+    measurement differs from by more than both noises together and a floor: 15 % when the row was
+    measured on a quiet host, 30 % when not (between two runs at load 10-25 on 2 cores the same row
+    moved by up to 30 %, far more than its within-run noise: other jobs change the caches and the
+    memory bandwidth left, and the recipe's choice is timed under that load too)."""
     bad = []
     for r in small:
         if "met_naive" in r and not r["met_naive"]:
@@ -405,7 +407,8 @@ def check(small: list[dict], large: list[dict], doc: dict) -> list[str]:
         key = _row_key(f"{r['fmt']} {list(r['shape'])}", r["dtype"], r["dir"], _size(r["bytes"]))
         if key in doc:
             v, n = doc[key]
-            if abs(q["cpu1"] - v) > max(n + q["noise"], 0.15 * v):
+            floor = 0.15 if _host.is_quiet(r.get("load", 0.0)) else 0.30
+            if abs(q["cpu1"] - v) > max(n + q["noise"], floor * v):
                 bad.append(f"{name}: README documents {v:.2f} ± {n:.2f}, measured {q['cpu1']:.2f} ± "
                            f"{q['noise']:.2f}")
     return bad

@@ -166,7 +166,7 @@ def bench():
 
 def test_bench_check_flags_documented_figure_off(bench, tmp_path):
     row = {"part": "large", "fmt": "NC1HWC0", "dtype": "float16", "dir": "pack", "shape": (8, 64, 128, 128),
-           "bytes": 16 << 20, "ratio": {"cpu1": 0.9, "noise": 0.03}, "met1": True}
+           "bytes": 16 << 20, "ratio": {"cpu1": 0.9, "noise": 0.03}, "met1": True, "load": 0.1}
     readme = tmp_path / "README-formats.md"
     readme.write_text("### Throughput (large tensors)\n\n| format | dtype | dir | size | copy GB/s | CPU |\n"
                       "|---|---|---|---|---|---|\n"
@@ -178,6 +178,10 @@ def test_bench_check_flags_documented_figure_off(bench, tmp_path):
     assert len(bad) == 1 and "documents 1.30" in bad[0]
     row["ratio"]["cpu1"] = 1.25                       # within the noise and 15 %
     assert bench.check([], [row], doc) == []
+    row["ratio"]["cpu1"], row["load"] = 1.0, 50.0     # 23 % off: only tolerated on a loaded host
+    assert bench.check([], [row], doc) == []
+    row["load"] = 0.1
+    assert len(bench.check([], [row], doc)) == 1
     row["met1"], row["ratio"]["cpu1"] = False, 0.4
     assert any("target 0.60" in b for b in bench.check([], [row], {}))
 
