@@ -226,7 +226,8 @@ TRANSDATA_CHECK = [
     ("Ascend310P3", (1, 64, 56, 56), (10.0, 15.0), True),
     ("Ascend310P3", (1, 256, 56, 56), (30.0, 45.0), False),   # 4x the bytes: bandwidth dominates
     ("Ascend310P3", (1, 16, 28, 28), (3.0, 4.0), False),      # small: launch overhead only
-    ("Ascend910B", (1, 64, 56, 56), (3.0, 5.0), False),       # HBM: launch-dominated
+    # fitted on the real 910B captures: ~12 µs fixed cost per NCHW->NC1HWC0 TransData, now within 10-15 µs
+    ("Ascend910B", (1, 64, 56, 56), (10.0, 15.0), True),
 ]
 
 
