@@ -245,6 +245,8 @@ class SocProfile:
 
 
 _A = "assumption: "
+#: the per-key parameter tables of a SocProfile (sources are named "table.key")
+_TABLES = ("launch_us_by_engine", "transdata_efficiency_by_pair", "cube_efficiency_by_dtype")
 LAUNCH_ENGINES = ("AI_CORE", "AI_VECTOR_CORE", "MIX_AIC", "MIX_AIV")
 _CALIBRATION_KEYS = ("calibrated", "captures", "median_op_error_pct", "summary", "per_type",
                      "leave_one_out_median_pct", "fitted")
@@ -356,6 +358,9 @@ def _derived(name: str, peaks: dict, peak_sources: dict, efficiencies_from: str 
     peaks = dict(peaks)
     peaks.setdefault("fp32_tflops", ref.fp32_tflops * ratio)
     srcs = {k: f"not calibrated: {efficiencies_from}'s value ({ref.sources.get(k, 'assumption')})" for k in keep}
+    for table in _TABLES:
+        for k in getattr(ref, table):
+            srcs[f"{table}.{k}"] = f"not calibrated: {efficiencies_from}'s value ({ref.sources.get(f'{table}.{k}', 'assumption')})"
     srcs.update(peak_sources)
     srcs.setdefault("fp32_tflops", _A + f"{efficiencies_from}'s fp32 cube rate scaled by the FP16 peak ratio")
     return SocProfile(name=name, **peaks, **keep, sources=srcs,

@@ -260,7 +260,7 @@ GEMM_CHECK = [
     ("Ascend310P3", 1, 4096, 4096, (1.35, 1.4)),     # GEMV: weight-read bound
     ("Ascend310P3", 4096, 4096, 4096, (1.0, 1.001)),  # large square: compute-bound
     ("Ascend910B", 128, 384, 384, (1.0, 1.1)),       # launch-dominated on 910B
-    ("Ascend910B", 16, 4096, 4096, (1.3, 1.4)),
+    ("Ascend910B", 16, 4096, 4096, (1.1, 1.17)),     # fitted bw_efficiency 0.58: ceiling 0.58/0.5
     ("Ascend910B", 4096, 4096, 4096, (1.0, 1.001)),
 ]
 
@@ -338,7 +338,10 @@ def test_profile_override_object_and_json(tmp_path):
 
 def test_every_constant_has_a_source():
     for p in SOC_PROFILES.values():
-        fields = [f.name for f in dataclasses.fields(SocProfile) if f.name not in ("name", "sources")]
+        tables = ("launch_us_by_engine", "transdata_efficiency_by_pair", "cube_efficiency_by_dtype")
+        fields = [f.name for f in dataclasses.fields(SocProfile)
+                  if f.name not in ("name", "sources", "calibration", *tables)]
+        fields += [f"{t}.{k}" for t in tables for k in getattr(p, t)]
         assert set(p.sources) == set(fields), p.name
         assert all(s.strip() for s in p.sources.values())
 
