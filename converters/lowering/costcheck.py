@@ -231,6 +231,11 @@ class TypeRow:
     worst: list[str]
 
 
+def _short(name: str, width: int = 40) -> str:
+    """A long kernel name shortened in the middle, keeping both ends."""
+    return name if len(name) <= width else name[:width // 2 - 1] + "…" + name[-(width // 2):]
+
+
 def _pctile(xs: Sequence[float], q: float) -> float | None:
     if not xs:
         return None
@@ -307,7 +312,7 @@ def check(ops: Iterable[Any], soc: "str | C.SocProfile", *, max_error_pct: float
         types.append(TypeRow(t, rs[0].cls, len(rs), sum(r.measured_us for r in rs),
                              sum(r.predicted_us for r in priced) if priced else None,
                              statistics.median(errs) if errs else None, _pctile(errs, 0.9),
-                             [f"{r.name} ({r.error_pct:+.0f} %)" for r in worst]))
+                             [f"{_short(r.name)} ({r.error_pct:+.0f} %)" for r in worst]))
     types.sort(key=lambda r: -r.measured_us)
     measured = sum(r.measured_us for r in rows)
     priced = [r for r in rows if r.predicted_us is not None]
