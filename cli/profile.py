@@ -163,4 +163,8 @@ def run(ctx, model, run_args, output_dir, input_shape, loops, use_msprof, timeou
     report = profile_model(model, output_dir, input_shapes=shapes, loops=loops, run_args=run_args,
                            threshold=threshold, include_transpose=include_transpose, use_msprof=use_msprof,
                            timeout=timeout)
+    if report.estimated:
+        from npu_deploy.converters.lowering.cost import accuracy_note, estimated_profile_soc
+
+        click.echo(printable(f"estimated profile: {accuracy_note(estimated_profile_soc(report.path))}"))
     _finish(ctx, report, json_path, html_path, fail_on_flag, top, wide)

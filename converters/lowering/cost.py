@@ -406,6 +406,26 @@ _FAMILIES = {"Ascend310P": "Ascend310P3", "Ascend310B": "Ascend310B", "Ascend910
              "Ascend910_93": "Ascend910_93", "Ascend310": "Ascend310", "Ascend910": "Ascend910"}
 
 
+def estimated_profile_soc(path: "str | os.PathLike | None") -> str | None:
+    """The SoC an emulator-written (estimated) profile was priced for: its README.txt says
+    "... estimate from npu-deploy's cost model for <SoC>". None when not found."""
+    import re
+    from pathlib import Path
+
+    if path is None:
+        return None
+    root = Path(path)
+    for readme in [*(root.rglob("README.txt") if root.is_dir() else []), root.parent / "README.txt"][:50]:
+        try:
+            if readme.is_file() and readme.stat().st_size < 65536:
+                m = re.search(r"cost model for (\S+)", readme.read_text("utf-8", errors="replace"))
+                if m and m.group(1) != "unknown":
+                    return m.group(1).rstrip(".,;")
+        except OSError:
+            continue
+    return None
+
+
 def accuracy_note(soc: "str | SocProfile | os.PathLike | None") -> str:
     """How good the cost model is for ``soc``, to print beside every estimate.
 
