@@ -166,5 +166,6 @@ def run(ctx, model, run_args, output_dir, input_shape, loops, use_msprof, timeou
     if report.estimated:
         from npu_deploy.converters.lowering.cost import accuracy_note, estimated_profile_soc
 
-        click.echo(printable(f"estimated profile: {accuracy_note(estimated_profile_soc(report.path))}"))
+        click.echo(printable(f"npu-deploy: note: estimated profile: "
+                             f"{accuracy_note(estimated_profile_soc(report.path))}"), err=True)
     _finish(ctx, report, json_path, html_path, fail_on_flag, top, wide)
