@@ -32,7 +32,7 @@ from typing import Any, ClassVar, Iterable, Sequence
 
 from npu_deploy._result import Result
 from npu_deploy.converters.lowering import cost as C
-from npu_deploy.errors import InputError
+from npu_deploy.errors import DependencyError, InputError
 
 _ITEMSIZE = {"FLOAT": 4, "FLOAT32": 4, "FLOAT16": 2, "HALF": 2, "BF16": 2, "BFLOAT16": 2, "INT64": 8,
              "UINT64": 8, "INT32": 4, "UINT32": 4, "INT16": 2, "UINT16": 2, "INT8": 1, "UINT8": 1,
@@ -544,7 +544,12 @@ def _clip(v, lo, hi):
 
 def _fit_profile(feats, meas, base, specs, name=None, weights=None) -> C.SocProfile:
     import numpy as np
-    from scipy.optimize import least_squares  # heavy optional dependency: imported only by `cost fit`
+
+    try:
+        from scipy.optimize import least_squares  # heavy optional dependency: imported only by `cost fit`
+    except ImportError:
+        raise DependencyError("cost fit needs scipy, which is not installed here",
+                              hint="pip install 'npu-deploy[cost]' (or pip install scipy)") from None
 
     lo = np.log([s[2] for s in specs])
     hi = np.log([s[3] for s in specs])

@@ -44,6 +44,7 @@ def test_level0_capture_is_one_line_exit_2(run_cli):
 
 @pytest.mark.slow
 def test_fit_then_check_with_the_fitted_profile(run_cli, tmp_path):
+    pytest.importorskip("scipy", reason="cost fit needs scipy (pip install 'npu-deploy[cost]')")
     prof = tmp_path / "my.json"
     code, out, err = run_cli("cost", "fit", CNN, CNN2, "-o", prof, "--name", "my910B")
     assert code == 0, err

@@ -481,6 +481,7 @@ def test_profile_json_refuses_unknown_or_out_of_range_fields():
 @pytest.mark.shared_data
 @pytest.mark.slow
 def test_fit_on_real_captures_is_bounded_and_generalises():
+    pytest.importorskip("scipy", reason="cost fit needs scipy (pip install 'npu-deploy[cost]')")
     from npu_deploy.profiling.ops import read_measured_ops
     from tests.conftest import SHARED_DATA
 
