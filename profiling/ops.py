@@ -237,3 +237,95 @@ def _feed(mc: MeasuredCapture, stream: P.TableStream) -> None:
             in_formats=_tuple(P.split_formats(row[i[P.F_IN_FMT]])),
             out_formats=_tuple(P.split_formats(row[i[P.F_OUT_FMT]])),
             duration_us=dur, block_dim=bd, soc=mc.soc, capture=mc.label))
+
+
+# ---------------------------------------------------------------------------------------------------
+# A capture against our plan of the same model (`profile analyze CAPTURE --plan model.bundle`)
+
+def _logical(shape: tuple | None, fmt: str | None, other: tuple | None, other_fmt: str | None) -> tuple | None:
+    """The plain-layout (NCHW / ND) side of a TransData: its shape is the tensor's logical shape."""
+    if fmt in ("NCHW", "ND", "NHWC", "NCDHW") and shape:
+        return tuple(shape)
+    if other_fmt in ("NCHW", "ND", "NHWC", "NCDHW") and other:
+        return tuple(other)
+    return None
+
+
+@dataclass
+class PlanMatch:
+    src_format: str
+    dst_format: str
+    shape: tuple
+    planned: int
+    measured: int
+    planned_est_us: float | None      # the plan's estimate for one
+    measured_mean_us: float | None
+
+
+@dataclass
+class PlanComparison:
+    """Planned vs measured TransData (by formats and logical shape) and the ops whose estimate was
+    furthest from the measurement (matched by node name, as ATC keeps the ONNX node names)."""
+
+    soc: str | None
+    transdata: list[PlanMatch]
+    furthest: list[tuple[str, str, float, float]]   # (name, type, estimated µs, measured mean µs)
+
+    def lines(self, top: int = 10) -> list[str]:
+        out = [f"plan vs capture ({self.soc or 'SoC not recorded'}): TransData by formats and shape"]
+        out.append(f"  {'conversion':<24}{'shape':<22}{'planned':>8}{'measured':>9}{'est µs':>9}{'meas µs':>9}")
+        for m in self.transdata[:top * 2]:
+            est = "-" if m.planned_est_us is None else f"{m.planned_est_us:.1f}"
+            meas = "-" if m.measured_mean_us is None else f"{m.measured_mean_us:.1f}"
+            out.append(f"  {m.src_format + '->' + m.dst_format:<24}{'x'.join(map(str, m.shape)):<22}"
+                       f"{m.planned:>8}{m.measured:>9}{est:>9}{meas:>9}")
+        planned = sum(m.planned for m in self.transdata)
+        measured = sum(m.measured for m in self.transdata)
+        both = sum(min(m.planned, m.measured) for m in self.transdata)
+        out.append(f"  {planned} planned, {measured} measured, {both} matched")
+        if self.furthest:
+            out.append("ops whose estimate was furthest from the measurement:")
+            for name, typ, est, meas in self.furthest[:top]:
+                out.append(f"  {name} ({typ}): estimated {est:.1f} µs, measured {meas:.1f} µs "
+                           f"({100 * (est - meas) / meas:+.0f} %)")
+        elif self.transdata:
+            out.append("no op of the plan has the name of a measured op (the capture is of another graph?)")
+        return out
+
+
+def compare_with_plan(captures: list[MeasuredCapture], manifest: dict) -> PlanComparison:
+    """Match a bundle manifest's planned TransData and per-node estimates against measured ops."""
+    planned: dict[tuple, list[float | None]] = {}
+    for td in manifest.get("transdata") or []:
+        key = (str(td.get("src_format")), str(td.get("dst_format")), tuple(td.get("shape") or ()))
+        planned.setdefault(key, []).append(td.get("est_us"))
+    measured: dict[tuple, list[float]] = {}
+    by_name: dict[str, list[MeasuredOp]] = {}
+    for c in captures:
+        for o in c.ops:
+            by_name.setdefault(o.name, []).append(o)
+            if o.type not in ("TransData", "TransDataRNN") or not o.in_formats or not o.out_formats:
+                continue
+            src, dst = o.in_formats[0] or "", o.out_formats[0] or ""
+            shp = _logical(o.in_shapes[0] if o.in_shapes else None, src,
+                           o.out_shapes[0] if o.out_shapes else None, dst)
+            if shp is not None:
+                measured.setdefault((src, dst, shp), []).append(o.duration_us)
+    rows = []
+    for key in sorted(set(planned) | set(measured), key=lambda k: (-len(measured.get(k, [])), k)):
+        ests = [e for e in planned.get(key, []) if isinstance(e, (int, float))]
+        ms = measured.get(key, [])
+        rows.append(PlanMatch(key[0], key[1], key[2], len(planned.get(key, [])), len(ms),
+                              sum(ests) / len(ests) if ests else None, sum(ms) / len(ms) if ms else None))
+    est = (manifest.get("cost") or {}).get("est_us") or {}
+    furthest = []
+    for name, e in est.items():
+        ops = by_name.get(name)
+        if not ops or not isinstance(e, (int, float)) or e <= 0:
+            continue
+        m = sum(o.duration_us for o in ops) / len(ops)
+        if m > 0:
+            furthest.append((name, ops[0].type, float(e), m))
+    furthest.sort(key=lambda t: -abs(math.log(t[2] / t[3])))
+    soc = next((c.soc for c in captures if c.soc), None) or manifest.get("soc")
+    return PlanComparison(soc, rows, furthest)

@@ -406,6 +406,24 @@ _FAMILIES = {"Ascend310P": "Ascend310P3", "Ascend310B": "Ascend310B", "Ascend910
              "Ascend910_93": "Ascend910_93", "Ascend310": "Ascend310", "Ascend910": "Ascend910"}
 
 
+def cann_type(op_type: str, opset: int = 17) -> str:
+    """The CANN kernel type msprof would name for an ONNX op (Conv -> Conv2D, MatMul -> MatMulV2 …),
+    from the ONNX -> CANN registrations of the op-support data; the ONNX name when it has none.
+
+    >>> cann_type("Conv"), cann_type("NoSuchOp")
+    ('Conv2D', 'NoSuchOp')
+    """
+    from npu_deploy.converters.lowering import support
+
+    try:
+        found = support._lookup("ai.onnx", int(opset), op_type)
+    except Exception:  # the support data is optional for naming: keep the ONNX name
+        found = None
+    if not found:
+        return op_type
+    return support._primary(op_type, found[0], found[1]) or op_type
+
+
 def estimated_profile_soc(path: "str | os.PathLike | None") -> str | None:
     """The SoC an emulator-written (estimated) profile was priced for: its README.txt says
     "... estimate from npu-deploy's cost model for <SoC>". None when not found."""

@@ -57,3 +57,24 @@ def test_bad_durations_are_counted_not_kept(tmp_path):
 def test_nothing_there_is_a_profile_error(tmp_path):
     with pytest.raises(ProfileError):
         read_measured_ops(tmp_path)
+
+
+def test_plan_comparison_matches_transdata_by_formats_and_logical_shape(tmp_path):
+    from npu_deploy.profiling.ops import compare_with_plan
+
+    rows = [td("trans_TransData_0", "NCHW", "NC1HWC0", "1,16,8,8", "1,1,8,8,16", "6.0"),
+            td("trans_TransData_1", "NC1HWC0", "NCHW", "1,1,8,8,16", "1,16,8,8", "4.0"),
+            op("conv1", "Conv2D", "AI_CORE", "20.0", in_shape="1,1,8,8,16", in_dtype="FLOAT16",
+               in_fmt="NC1HWC0", out_shape="1,1,8,8,16", out_dtype="FLOAT16", out_fmt="NC1HWC0")]
+    caps = read_measured_ops(write_csv(tmp_path / "op_summary_0_1.csv", rows))
+    manifest = {"soc": "Ascend310P3",
+                "transdata": [{"src_format": "NCHW", "dst_format": "NC1HWC0", "shape": [1, 16, 8, 8], "est_us": 5.0},
+                              {"src_format": "NCHW", "dst_format": "FRACTAL_Z", "shape": [16, 16, 3, 3], "est_us": 3.0}],
+                "cost": {"est_us": {"conv1": 5.0, "not_on_device": 1.0}}}
+    cmp = compare_with_plan(caps, manifest)
+    by = {(m.src_format, m.dst_format, m.shape): m for m in cmp.transdata}
+    assert (by[("NCHW", "NC1HWC0", (1, 16, 8, 8))].planned, by[("NCHW", "NC1HWC0", (1, 16, 8, 8))].measured) == (1, 1)
+    assert by[("NC1HWC0", "NCHW", (1, 16, 8, 8))].planned == 0          # measured, not planned
+    assert by[("NCHW", "FRACTAL_Z", (16, 16, 3, 3))].measured == 0       # planned, not measured
+    assert cmp.furthest == [("conv1", "Conv2D", 5.0, 20.0)]
+    assert any("-75 %" in line for line in cmp.lines())
