@@ -133,18 +133,14 @@ def _matmul_k(op) -> float | None:
     if not a or not b or not y or len(y) < 2:
         return None
     fmt = (op.in_formats[0] if op.in_formats else None) or "ND"
-    if fmt == "ND" and len(a) >= 2:
+    if fmt == "ND" and len(a) >= 2 and len(b) >= 2:
         m, n = y[-2], y[-1]
-        if a[-2] == m and a[-1] != m:
-            return float(a[-1])
-        if a[-1] == m and a[-2] != m:
-            return float(a[-2])
-        if b[-1] == n and b[-2] != n:
-            return float(b[-2])
-        if b[-2] == n and b[-1] != n:
-            return float(b[-1])
-        if a[-2] == m:
-            return float(a[-1])
+        ka = a[-1] if a[-2] == m else a[-2] if a[-1] == m else None
+        kb = b[-2] if b[-1] == n else b[-1] if b[-2] == n else None
+        if ka and kb:
+            return float(min(ka, kb))   # they disagree only for packed layouts: the smaller is what runs
+        if ka or kb:
+            return float(ka or kb)
     batch = _numel(y) / max(1, y[-2] * y[-1]) if fmt == "ND" else 1.0
     k2 = _numel(a) * _numel(b) / max(1, _numel(y)) / max(1.0, batch)
     return math.sqrt(k2) if k2 > 0 else None
