@@ -133,6 +133,7 @@ def command(model, model_opt, framework, output, backend, soc, input_shape, inpu
     """
     from npu_deploy.converters.lowering.atc import LOG_LEVELS
     from npu_deploy.converters.lowering.convert import convert
+    from npu_deploy.converters.lowering.cost import accuracy_note
 
     model = _model(model, model_opt)
     if framework is not None and framework.strip().lower() not in ONNX_FRAMEWORK:
@@ -170,6 +171,8 @@ def command(model, model_opt, framework, output, backend, soc, input_shape, inpu
         if rep is not None:
             for line in rep.summary_lines():
                 click.echo(line)
+            if rep.cost is not None:
+                click.echo(f"  ({accuracy_note(rep.soc)})")
         if report:
             click.echo(f"report written to {report}")
     if explain:

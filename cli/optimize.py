@@ -100,6 +100,10 @@ def command(model, output, list_rules, rules, skip, explain, inputs, input_shape
             line += f": {a.reason}"
         click.echo(printable(line))
     click.echo(res.table())
+    if timer is None:
+        from npu_deploy.converters.lowering.cost import accuracy_note
+
+        click.echo(printable(f"estimates: {accuracy_note(res.soc)}"))
     if timer is not None:
         click.echo(printable(f"measured by: {res.measured_by}"))
     if json_path:
