@@ -7,9 +7,11 @@ also looked at in headless Chromium while writing these tests."""
 from __future__ import annotations
 
 import html.parser
+import json
 import re
 import shutil
 
+import numpy as np
 import pytest
 
 from tests.conftest import PROFILES
@@ -108,3 +110,81 @@ def test_single_capture_cross_check_says_what_it_counts(run_cli, tmp_path):
     assert rule and float(rule.group(1)) > float(head)                  # a second, larger figure …
     assert "Conv2DTranspose" in note and f"the headline ({head} %)" in note   # … says why
     assert "Cross-check" in text and "Conv2DTranspose" in text          # the terminal says it too
+
+
+@pytest.fixture(scope="module")
+def cls_dumped(real_model, tmp_path_factory):
+    """PP-OCR cls converted with force_fp16, run once with ``--dump`` and once with ``--profile``."""
+    from npu_deploy.cli.main import main
+
+    d = tmp_path_factory.mktemp("cls")
+    src = real_model("ppocr_cls")
+    np.save(d / "x.npy", np.random.default_rng(0).random((1, 3, 48, 192), dtype=np.float32))
+    assert main(["convert", str(src), "-o", str(d / "cls.bundle"), "--backend", "builtin", "--precision-mode",
+                 "force_fp16", "--input-shape", "x:1,3,48,192"]) == 0
+    assert main(["run", str(d / "cls.bundle"), "--input", f"x={d / 'x.npy'}", "--dump", str(d / "dumps"),
+                 "--loop", "1", "--profile", str(d / "ranks" / "rank_1_ascend_pt")]) == 0
+    return src, d
+
+
+class _Svg(html.parser.HTMLParser):
+    def __init__(self):
+        super().__init__()
+        self.circles: list[dict] = []
+        self.titles: list[str] = []
+        self.axis: list[str] = []
+        self.styles = 0
+        self._tag = None
+
+    def handle_starttag(self, tag, attrs):
+        self._tag = (tag, dict(attrs))
+        if tag == "circle":
+            self.circles.append(dict(attrs))
+        self.styles += tag == "style"
+
+    def handle_data(self, data):
+        if self._tag and self._tag[0] == "title" and self.circles:
+            self.titles.append(data)
+        elif self._tag and self._tag[0] == "text" and "rotate" in self._tag[1].get("transform", ""):
+            self.axis.append(data)
+
+
+@pytest.mark.realmodel
+@pytest.mark.slow
+def test_debug_compare_page_names_layers_and_draws_zero_as_zero(cls_dumped, run_cli):
+    from npu_deploy._html import CSS
+
+    src, d = cls_dumped
+    code, out, err = run_cli("debug", "compare", src, d / "dumps", "--bundle", d / "cls.bundle",
+                             "--input", f"x={d / 'x.npy'}", "--html", d / "dc.html", "--json", d / "dc.json")
+    assert code == 0, err
+    doc = (d / "dc.html").read_text(encoding="utf-8")
+    assert CSS in doc                                   # the same stylesheet as the profile pages
+    svg = _Svg()
+    svg.feed(doc)
+    rows = json.loads((d / "dc.json").read_text())["rows"]
+    compared = [r for r in rows if r.get("compared", True) and r.get("cosine") is not None]
+    assert len(svg.circles) == len(svg.titles) >= len(compared) > 100
+    # hover: every dot names its layer; axis: the first layer's name is under the axis
+    assert all(t.split(" ", 2)[1] in {r["op"] for r in rows} for t in svg.titles)
+    assert rows[0]["op"] in svg.axis and len(svg.axis) >= 30
+    # the graph input's TransData is exact: its dot sits on the 0 line (hollow), below every log-scale dot
+    exact = [c for c, t in zip(svg.circles, svg.titles) if "0 (exact)" in t]
+    inexact = [c for c, t in zip(svg.circles, svg.titles) if "0 (exact)" not in t]
+    assert exact and all(c["fill"] == "none" for c in exact)
+    assert min(float(c["cy"]) for c in exact) > max(float(c["cy"]) for c in inexact)
+
+
+@pytest.mark.realmodel
+@pytest.mark.shared_data
+@pytest.mark.slow
+def test_cluster_page_marks_emulator_ranks(cls_dumped, run_cli):
+    _, d = cls_dumped
+    shutil.copytree(PROFILES / "torch_npu_level2_llm_910B", d / "ranks" / "rank_0_ascend_pt")
+    code, out, err = run_cli("profile", "analyze", d / "ranks", "--cluster", "--html", d / "c.html")
+    assert code == 0, err
+    assert "estimated" in next(line for line in out.splitlines() if line.startswith("rank_1_ascend_pt"))
+    body = _page(d / "c.html").all
+    r0, r1 = body.index("rank_0_ascend_pt (slowest)"), body.index("rank_1_ascend_pt", body.index("Ranks"))
+    assert "emulator estimate" in body[r1:r1 + 60] and "emulator estimate" not in body[r0:r1]
+    assert "1 of 2 ranks were profiled on the CPU emulator" in body
