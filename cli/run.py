@@ -327,7 +327,7 @@ REWRITES = {"--model": positional("--model"),
 @click.option("--npus", type=int, default=None,
               help="Batch mode: run every .npy/.npz sample of --input-dir on N NPUs (one Ray actor each), "
                    "one output file per sample in --output; exit 1 when a sample failed (each is listed with its "
-                   "id). Needs: pip install 'npu-deploy[ray]'.")
+                   "id). Needs Ray: pip install '.[ray]' in the npu-deploy clone.")
 @click.option("--ray-address", default=None, metavar="ADDR",
               help="Batch mode on a running Ray cluster (host:port, ray://host:port or auto); "
                    "default: a local cluster declaring --npus NPUs.")

@@ -212,8 +212,12 @@ class InferenceSession:
         try:
             res = convert(self.path, out, backend="atc" if use_atc else "builtin",
                           input_shapes=dict(input_shapes) if input_shapes else None)
-        except BaseException:
+        except BaseException as e:
             self._remove_tmpdir()
+            if getattr(e, "dynamic_input", None):  # the CLI's --input-shape is input_shapes= here
+                name, example = e.dynamic_input
+                e.hint = (f"pass InferenceSession(..., input_shapes={{{name!r}: ({example})}}) with each ? "
+                          f"replaced by a size")
             raise
         self.source_model, self.path = self.path, Path(res.output)
         self.conversion = "ATC (.om, on the device)" if use_atc else "built-in lowering (bundle, CPU emulator)"
