@@ -126,3 +126,57 @@ def test_cosine_shows_the_digits_that_decide():
     assert float(_cos(0.99998999, 0.99999)) < 0.99999
     assert _cos(0.9999900001, 0.99999) == "0.9999900001"
     assert _cos(0.5, 0.99) == "0.500000" and _cos(None, 0.99) == "n/a"
+
+
+# ---------------------------------------------------------------------------------------------- labels
+def _conv_model(path: Path) -> Path:
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    w = numpy_helper.from_array(np.random.default_rng(0).standard_normal((4, 3, 3, 3)).astype(np.float32), "w")
+    g = helper.make_graph([helper.make_node("Conv", ["x", "w"], ["y"], pads=[1, 1, 1, 1]),
+                           helper.make_node("Relu", ["y"], ["z"])], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
+                          [helper.make_tensor_value_info("z", TensorProto.FLOAT, [1, 4, 8, 8])], initializer=[w])
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)]), path)
+    return path
+
+
+def test_aipp_bundle_input_is_labelled_nhwc_and_its_aipp_format(run_cli, tmp_path):
+    from npu_deploy.converters.lowering import aipp
+
+    cfg = tmp_path / "a.cfg"
+    aipp.write_config(cfg, [aipp.from_flags(input_format="RGB888_U8", size=(8, 8), mean=[1, 2, 3])])
+    assert run_cli("convert", _conv_model(tmp_path / "m.onnx"), "--backend", "builtin", "--insert-op-conf", cfg,
+                   "-o", tmp_path / "m.bundle")[0] == 0
+    code, out, err = run_cli("inspect", tmp_path / "m.bundle")
+    assert code == 0, err
+    row = next(line.split() for line in out.splitlines() if line.split()[:1] == ["x"])
+    assert row[1:5] == ["uint8", "[1,8,8,3]", "NHWC", "RGB888_U8"], row
+
+
+def test_force_fp16_dump_says_where_the_first_cast_happens(run_cli, tmp_path):
+    import numpy as np
+
+    b = tmp_path / "m.bundle"
+    assert run_cli("convert", _conv_model(tmp_path / "m.onnx"), "--backend", "builtin", "--precision-mode",
+                   "force_fp16", "-o", b)[0] == 0
+    np.save(tmp_path / "x.npy", np.ones((1, 3, 8, 8), np.float32))
+    assert run_cli("run", b, "--input", f"x={tmp_path / 'x.npy'}", "--dump", tmp_path / "d", "--loop", "1")[0] == 0
+    [conv] = [p for p in (tmp_path / "d").rglob("Conv.*") if p.is_file()]
+    code, out, err = run_cli("inspect", conv)
+    assert code == 0, err
+    assert "float32" in out and "casts its input to float16 itself" in out
+
+
+def test_session_input_shape_is_a_list_as_in_onnxruntime(tmp_path):
+    import onnxruntime as ort
+
+    from npu_deploy import InferenceSession
+
+    src = _conv_model(tmp_path / "m.onnx")
+    want = ort.InferenceSession(str(src), providers=["CPUExecutionProvider"]).get_inputs()[0].shape
+    with InferenceSession(str(src)) as s:
+        got = s.get_inputs()[0].shape
+    assert type(got) is type(want) is list and got == want
