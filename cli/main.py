@@ -18,6 +18,7 @@ import traceback
 import click
 
 from npu_deploy._io import defer_signal, outputs, rollback_outputs
+from npu_deploy.cli.feedback import early, end_early
 from npu_deploy._text import printable
 from npu_deploy._version import __version__
 from npu_deploy.errors import (EXIT_BAD_INPUT, EXIT_CHECK_FAILED, EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_OK,
@@ -46,9 +47,13 @@ class LazyGroup(click.Group):
         if entry is None:
             return None
         module_name, short = entry
+        rest = set(getattr(ctx, "args", ()) or ()) | set(getattr(ctx, "protected_args", ()) or ())
+        if module_name not in sys.modules and not rest & {"-h", "--help", "-q", "--quiet"}:
+            early(f"{name}: loading")  # importing a command (onnx, onnxruntime) can take seconds
         try:
             module = importlib.import_module(module_name)
         except ImportError as e:
+            end_early()
             missing = getattr(e, "name", None) or str(e)
 
             @click.command(name, help=short, context_settings={"ignore_unknown_options": True})
@@ -58,6 +63,7 @@ class LazyGroup(click.Group):
                                       hint=f"pip install {missing}")
 
             return unavailable
+        end_early()
         return module.command
 
     def invoke(self, ctx):
