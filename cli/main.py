@@ -39,6 +39,12 @@ COMMANDS = {
 
 
 class LazyGroup(click.Group):
+    _rest: list = []   # the arguments after the command name, while it is being resolved
+
+    def resolve_command(self, ctx, args):
+        self._rest = list(args[1:])
+        return super().resolve_command(ctx, args)
+
     def list_commands(self, ctx):
         return list(COMMANDS)
 
@@ -47,8 +53,7 @@ class LazyGroup(click.Group):
         if entry is None:
             return None
         module_name, short = entry
-        rest = set(getattr(ctx, "args", ()) or ()) | set(getattr(ctx, "protected_args", ()) or ())
-        if module_name not in sys.modules and not rest & {"-h", "--help", "-q", "--quiet"}:
+        if module_name not in sys.modules and not set(self._rest) & {"-h", "--help", "-q", "--quiet"}:
             early(f"{name}: loading")  # importing a command (onnx, onnxruntime) can take seconds
         try:
             module = importlib.import_module(module_name)
