@@ -180,3 +180,20 @@ def test_session_input_shape_is_a_list_as_in_onnxruntime(tmp_path):
     with InferenceSession(str(src)) as s:
         got = s.get_inputs()[0].shape
     assert type(got) is type(want) is list and got == want
+
+
+def test_a_hint_that_names_a_command_names_one_of_its_options():
+    """``convert --input-shape``, ``profile run --loops``: the flag belongs to the command named."""
+    named = {" ".join(k): v for k, v in COMMANDS.items() if k}
+    pattern = re.compile(r"\b(" + "|".join(sorted(map(re.escape, named), key=len, reverse=True))
+                         + r")((?: --?[A-Za-z][\w-]*(?:[ =]\S+)?)+)")
+    wrong, seen = [], 0
+    for path, line, text in _hints():
+        if _about_atc(text):
+            continue
+        for cmd, tail in pattern.findall(text):
+            for flag in FLAG.findall(tail):
+                seen += 1
+                if flag not in named[cmd] | {"--help", "--debug"}:
+                    wrong.append(f"{path.relative_to(REPO)}:{line}: `{cmd}` has no {flag}")
+    assert seen > 0 and not wrong, "\n".join(wrong)
