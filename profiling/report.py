@@ -271,7 +271,9 @@ def _cross_check_note(r: ProfileReport, key: str, val: float) -> str:
         counted = "TransData" + (" and the Transpose family" if r.include_transpose else "")
         return (f"{val:.2f} %: counts every kernel whose name contains cast, transdata or transpose"
                 + (f", so also {why}" if why else "") + f"; the headline ({head}) counts {counted} by op type"
-                + (f", not {', '.join(o.op_type for o in extra[:4])}" if extra else ""))
+                + (f", not {', '.join(o.op_type for o in extra[:4])}" if extra else "")
+                + ("; above the threshold, but the verdict is the headline's" if val > r.threshold_pct >= r.formattrans_pct
+                   else ""))
     if key == "op_statistic_transdata_pct":
         return (f"{val:.2f} %: TransData alone, from op_statistic's per-type totals; the headline's TransData "
                 f"part is {r.transdata_pct:.1f} %" + (f" (the headline, {head}, also counts the Transpose family)"
