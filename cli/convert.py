@@ -15,7 +15,7 @@ import os
 import click
 
 from npu_deploy._text import printable
-from npu_deploy.cli.feedback import Stages, interactive
+from npu_deploy.cli.feedback import Stages, early, interactive
 from npu_deploy.cli.options import (HabitCommand, flag_from_01, parse_input_shapes, parse_int_list,
                                     refuse_overwriting, soc_option)
 from npu_deploy.converters.lowering.options import ALL_INPUT_FORMATS, ALL_PRECISION_MODES, BACKENDS
@@ -131,6 +131,7 @@ def command(model, model_opt, framework, output, backend, soc, input_shape, inpu
 
     ATC's own spellings work too: paste an atc command line after 'npu-deploy convert'.
     """
+    early("convert: loading onnx and onnxruntime", quiet)
     from npu_deploy.converters.lowering.atc import LOG_LEVELS
     from npu_deploy.converters.lowering.convert import convert
     from npu_deploy.converters.lowering.cost import accuracy_note

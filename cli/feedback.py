@@ -5,10 +5,15 @@ ONNX", "bundle from plan", "writing weights (k/n)"; ``"atc: <line>"`` for each l
 ``run`` reports each finished run. :class:`Stages` shows that on stderr with ``rich`` when stderr is a
 terminal and the user did not ask for ``--quiet``; otherwise it shows nothing, so logs, pipes and the
 JSON outputs never change.
+
+:func:`early` puts a stage line up within the command's first second, before the heavy imports (onnx,
+onnxruntime, Ray) and the model load that would otherwise leave a loaded machine silent for seconds; the
+next :class:`Stages` or :class:`RunProgress` takes the line over, and it is gone when the command ends.
 """
 
 from __future__ import annotations
 
+import atexit
 import sys
 import time
 
@@ -25,6 +30,41 @@ def interactive(quiet: bool = False) -> bool:
         return False
 
 
+_early: list = []   # [Progress, task] of the line :func:`early` put up, while it is shown
+
+
+def _stop_early() -> None:
+    if _early:
+        progress, _ = _early
+        _early.clear()
+        progress.stop()
+
+
+def end_early() -> None:
+    """Take the :func:`early` line down (before printing results on stdout)."""
+    _stop_early()
+
+
+def early(stage: str, quiet: bool = False) -> None:
+    """Show ``stage`` with a spinner now, on a terminal only (see the module docstring); a second call
+    changes the text. Nothing is written when stderr is not a terminal or ``quiet`` is set."""
+    if not interactive(quiet):
+        return
+    if _early:
+        _early[0].update(_early[1], description=printable(stage))
+        return
+    from rich.console import Console  # rich loads in ~0.1 s, still within the first second
+    from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    # stdout is left alone (no redirection into the display): it may be a pipe while stderr is a terminal
+    progress = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), TimeElapsedColumn(),
+                        console=Console(file=sys.stderr), transient=True, redirect_stdout=False,
+                        redirect_stderr=False)
+    progress.start()
+    _early[:] = [progress, progress.add_task(printable(stage), total=None)]
+    atexit.register(_stop_early)   # an error exit leaves no spinner behind
+
+
 class _Bar:
     """A rich progress display that may or may not have started; stopped when the block ends."""
 
@@ -34,6 +74,7 @@ class _Bar:
         if self._progress is not None:
             self._progress.stop()
             self._progress = None
+        _stop_early()
         return False
 
 
@@ -51,7 +92,10 @@ class Stages(_Bar):
         self._task = None
 
     def __enter__(self):
-        if self.enabled:
+        if self.enabled and _early:   # take over the line early() put up
+            self._progress, self._task = _early
+            _early.clear()
+        elif self.enabled:
             from rich.console import Console
             from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
@@ -91,6 +135,8 @@ class RunProgress(_Bar):
 
     def __enter__(self):
         self._t0 = time.perf_counter()
+        if self.enabled:   # a stage line at once; the bar replaces it once the runs last after_s
+            early(f"{self.label}: warm-up and {self.total} run{'s' if self.total != 1 else ''}")
         return self
 
 
@@ -101,6 +147,7 @@ class RunProgress(_Bar):
         if self._progress is None:
             if time.perf_counter() - self._t0 < self.after_s:
                 return
+            _stop_early()
             from rich.console import Console
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 

@@ -18,6 +18,7 @@ import traceback
 import click
 
 from npu_deploy._io import defer_signal, outputs, rollback_outputs
+from npu_deploy.cli.feedback import early, end_early
 from npu_deploy._text import printable
 from npu_deploy._version import __version__
 from npu_deploy.errors import (EXIT_BAD_INPUT, EXIT_CHECK_FAILED, EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_OK,
@@ -39,6 +40,12 @@ COMMANDS = {
 
 
 class LazyGroup(click.Group):
+    _rest: list = []   # the arguments after the command name, while it is being resolved
+
+    def resolve_command(self, ctx, args):
+        self._rest = list(args[1:])
+        return super().resolve_command(ctx, args)
+
     def list_commands(self, ctx):
         return list(COMMANDS)
 
@@ -47,9 +54,12 @@ class LazyGroup(click.Group):
         if entry is None:
             return None
         module_name, short = entry
+        if module_name not in sys.modules and not set(self._rest) & {"-h", "--help", "-q", "--quiet"}:
+            early(f"{name}: loading")  # importing a command (onnx, onnxruntime) can take seconds
         try:
             module = importlib.import_module(module_name)
         except ImportError as e:
+            end_early()
             missing = getattr(e, "name", None) or str(e)
 
             @click.command(name, help=short, context_settings={"ignore_unknown_options": True})
@@ -59,6 +69,7 @@ class LazyGroup(click.Group):
                                       hint=f"pip install {missing}")
 
             return unavailable
+        end_early()
         return module.command
 
     def invoke(self, ctx):

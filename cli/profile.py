@@ -70,7 +70,7 @@ def _finish(ctx: click.Context, report, json_path, html_path, fail_on_flag, top,
               help="Cluster view (implies --cluster): ranks parsed in parallel (default: the CPU count).")
 @click.option("--ray-address", default=None, metavar="ADDR",
               help="Cluster view (implies --cluster): parse the ranks as Ray tasks on this cluster (host:port, ray://host:port or "
-                   "auto; the folder must be at the same path on every node). Needs: pip install 'npu-deploy[ray]'.")
+                   "auto; the folder must be at the same path on every node). Needs Ray: pip install '.[ray]' in the npu-deploy clone.")
 @click.option("--plan", "plan_bundle", type=click.Path(dir_okay=False), default=None, metavar="MODEL.bundle",
               help="Our bundle of the same model: planned vs measured TransData and the furthest-off estimates.")
 @click.pass_context

@@ -19,7 +19,7 @@ import numpy as np
 from npu_deploy._io import atomic_path, atomic_write, check_dest, load_npy, make_output_folder, safe_file_stem
 from npu_deploy._display import dims
 from npu_deploy._text import printable
-from npu_deploy.cli.feedback import RunProgress, interactive
+from npu_deploy.cli.feedback import RunProgress, early, end_early, interactive
 from npu_deploy.cli.options import (HabitCommand, Rewrite, parse_input_shapes, parse_int_list, positional,
                                     refuse_overwriting)
 from npu_deploy.errors import InputError
@@ -327,7 +327,7 @@ REWRITES = {"--model": positional("--model"),
 @click.option("--npus", type=int, default=None,
               help="Batch mode: run every .npy/.npz sample of --input-dir on N NPUs (one Ray actor each), "
                    "one output file per sample in --output; exit 1 when a sample failed (each is listed with its "
-                   "id). Needs: pip install 'npu-deploy[ray]'.")
+                   "id). Needs Ray: pip install '.[ray]' in the npu-deploy clone.")
 @click.option("--ray-address", default=None, metavar="ADDR",
               help="Batch mode on a running Ray cluster (host:port, ray://host:port or auto); "
                    "default: a local cluster declaring --npus NPUs.")
@@ -350,6 +350,7 @@ def command(ctx, model, inputs, input_dir, pure_data, loop, warmup, batch_size, 
 
     Example: npu-deploy run model.bundle --loop 100 --warmup 5 --json run.json
     """
+    early("run: starting Ray" if npus is not None or ray_address is not None else "run: loading the model")
     from npu_deploy.runtime.bench import benchmark
     from npu_deploy.runtime.session import InferenceSession
 
@@ -392,6 +393,7 @@ def command(ctx, model, inputs, input_dir, pure_data, loop, warmup, batch_size, 
             planned = output_paths(output_dir, names, outfmt) + [Path(output_dir) / NAMES_FILE]
             refuse_overwriting([("--output file", p) for p in planned] + [("--json", json_path)],
                                [("model", model), *[("input file", p) for p in sources]])
+        end_early()
         click.echo(f"model: {model}  backend: {sess.backend_name}")
         if sess.conversion:
             click.echo(f"  converted in memory: {sess.conversion}")
@@ -440,6 +442,7 @@ def _run_batch(ctx, model, input_dir, output_dir, npus, ray_address, backend, js
     if json_path is not None:
         check_dest(Path(json_path))
     result = run_batch(model, input_dir, npus=npus, address=ray_address, output=output_dir, backend=backend)
+    end_early()
     for w in result.warnings:
         click.echo(f"npu-deploy: warning: {printable(w)}", err=True)
     for f in result.failures[:20]:

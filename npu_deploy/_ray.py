@@ -1,6 +1,6 @@
 """Ray, shared by batch inference (``runtime.distributed``) and cluster profiles (``profiling.cluster``).
 
-Ray is optional (``pip install 'npu-deploy[ray]'``) and imported on first use. :func:`connect` joins a
+Ray is optional (``pip install '.[ray]'`` in the clone; not on PyPI) and imported on first use. :func:`connect` joins a
 cluster at an address (after checking, within :data:`CONNECT_TIMEOUT_S`, that it answers at all) or
 starts a local one, optionally declaring NPUs as a custom resource where none are attached. Joining is
 first tried in a child process killed after :func:`connect_timeout` seconds, so a wrong address fails
@@ -20,7 +20,7 @@ from typing import Any
 
 from npu_deploy.errors import DependencyError, ExternalError, InputError
 
-RAY_HINT = "pip install 'npu-deploy[ray]'"
+RAY_HINT = "pip install '.[ray]' in the npu-deploy clone (pip install -e '.[ray]' keeps an editable install)"
 #: seconds allowed for a Ray address to answer (``NPU_DEPLOY_RAY_TIMEOUT`` overrides)
 CONNECT_TIMEOUT_S = 20.0
 _PROBE = ("import sys, ray; ray.init(address=sys.argv[1], include_dashboard=False, logging_level=40, "

@@ -4,7 +4,7 @@
 
 ``NpuPredictor`` is the same worker for Ray Data's ``Dataset.map_batches``.
 
-Needs Ray: ``pip install 'npu-deploy[ray]'`` (imported when a run starts, not here).
+Needs Ray: ``pip install '.[ray]'`` in the clone, not on PyPI (imported when a run starts, not here).
 """
 
 from npu_deploy.runtime.distributed import (  # noqa: F401

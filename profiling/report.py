@@ -50,11 +50,11 @@ FormatTrans 0.0 % of device compute (threshold 8 %): ok
 
 from __future__ import annotations
 
-import html
 import os
 import re
 
 from npu_deploy._display import duration, middle
+from npu_deploy._html import esc, gauge, page
 from npu_deploy._display import table as text_table
 from npu_deploy._io import atomic_write
 from npu_deploy._text import printable
@@ -122,7 +122,7 @@ def render_text(r: ProfileReport, *, top: int = 10, width: int = 100, wide: bool
     if r.detail != "per-task":
         lines.append("  Only per-op-type totals were available: no conversion kinds, shapes or round trips.")
     for key, val in r.cross_checks.items():
-        lines.append(f"  Cross-check: {CROSS_CHECK_LABELS.get(key, key)}: {val:.1f} %")
+        lines.append(f"  Cross-check: {CROSS_CHECK_LABELS.get(key, key)}: {_cross_check_note(r, key, val)}")
     if r.devices:
         lines.append("")
         lines.append("Captures / devices")
@@ -184,48 +184,14 @@ def render_text(r: ProfileReport, *, top: int = 10, width: int = 100, wide: bool
 # ---------------------------------------------------------------------------------------------------
 # HTML
 
-_CSS = """
-body{font:14px/1.45 system-ui,-apple-system,Segoe UI,Roboto,sans-serif;color:#1d232a;margin:24px auto;
-max-width:1100px;padding:0 16px;background:#fff}
-h1{font-size:20px;margin:0 0 4px}h2{font-size:16px;margin:28px 0 8px;border-bottom:1px solid #dde2e8;
-padding-bottom:4px}
-.verdict{padding:12px 16px;border-radius:6px;font-weight:600;font-size:16px;margin:12px 0}
-.flagged{background:#fdecea;border:1px solid #e0a39b;color:#8a1c10}.ok{background:#e8f5ec;border:1px solid
-#9fd0ad;color:#1b5e30}
-.muted{color:#5c6670}.small{font-size:12px}
-table{border-collapse:collapse;width:100%;margin:6px 0}th,td{text-align:left;padding:4px 8px;
-border-bottom:1px solid #eef0f3;vertical-align:top}th{background:#f5f7f9;font-weight:600}
-td.num,th.num{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}
-code{font:12px ui-monospace,SFMono-Regular,Menlo,monospace;background:#f3f4f6;padding:1px 4px;border-radius:3px;
-word-break:normal;overflow-wrap:normal}
-.gauge{position:relative;height:26px;background:#eef0f3;border-radius:4px;margin:8px 0 22px;max-width:720px}
-.gauge .fill{position:absolute;left:0;top:0;bottom:0;border-radius:4px}
-.gauge .thr{position:absolute;top:-4px;bottom:-4px;border-left:2px dashed #1d232a}
-.gauge .thrlabel{position:absolute;top:30px;font-size:12px;transform:translateX(-50%);white-space:nowrap}
-.gauge .val{position:absolute;top:4px;margin-left:6px;font-size:13px;font-weight:600;white-space:nowrap}
-.gauge .scale{position:absolute;right:0;top:30px;font-size:11px;color:#5c6670}
-.gauge .zero{position:absolute;left:0;top:30px;font-size:11px;color:#5c6670}
-.nowrap{white-space:nowrap}
-.bars{display:grid;grid-template-columns:minmax(120px,240px) 1fr 150px;gap:3px 10px;align-items:center}
-.bar{height:16px;background:#8aa4c2;border-radius:2px;min-width:1px}
-.bar.format{background:#d9534f}.bar.layout{background:#f0ad4e}.bar.dtype{background:#b39ddb}
-.bar.other{background:#c5ccd4}
-.legend span{display:inline-block;margin-right:14px}.legend i{display:inline-block;width:12px;height:12px;
-margin-right:4px;vertical-align:-1px;border-radius:2px}
-.sugg{border-left:4px solid #2f6fb0;background:#f4f8fc;padding:8px 12px;margin:8px 0}
-.sugg b{display:block}.ev{color:#44505c;font-size:13px;margin-top:4px}
-"""
-
-
 CROSS_CHECK_LABELS = {
     "op_statistic_transdata_pct": "TransData share by op_statistic",
-    "msprof_analyze_name_rule_pct": "msprof-analyze's name rule (kernel name contains cast|transdata|transpose)",
+    "msprof_analyze_name_rule_pct": "msprof-analyze's name rule",
 }
 _OPTION = re.compile(r"(--[A-Za-z][\w.=-]*)")
 
 
-def _e(x) -> str:
-    return html.escape("" if x is None else str(x), quote=True)
+_e = esc
 
 
 _SEPARATOR = re.compile(r"([_/.,:;\-]+)")
@@ -239,31 +205,93 @@ def _eb(x) -> str:
         "" if x is None else str(x))))
 
 
-def render_html(r: ProfileReport, *, top: int = 15) -> str:
-    """One self-contained HTML page (inline CSS, no script, no network); every profile string escaped."""
-    cls = "flagged" if r.flagged else "ok"
+def _capture_of_file(r: ProfileReport) -> dict[str, str]:
+    """Source file name → capture label (as in ``devices``), for the files only one capture has."""
+    seen: dict[str, list[str]] = {}
+    root = str(r.path)
+    for c in (r.discovery or {}).get("captures", []):
+        used = c.get("used") or {}
+        label = os.path.relpath(c["root"], root) if c.get("root") and root else str(c.get("root"))
+        for f in used.get("files", []):
+            seen.setdefault(os.path.basename(f), []).append(label)
+    return {f: labels[0] for f, labels in seen.items() if len(labels) == 1}
+
+
+def _unknown_formats(i) -> bool:
+    return not i.is_permutation and i.src_format is None and i.dst_format is None
+
+
+def _conversion_cell(i) -> str:
+    """``NCHW→NC1HWC0``; ``unknown`` (with the reason as a tooltip) where the capture recorded no formats,
+    never ``?→?``."""
+    if _unknown_formats(i):
+        return "<span title='the capture has no Input/Output Formats columns'>formats unknown*</span>"
+    return _e(i.conversion.replace("?", "unknown"))
+
+
+def _shape_cell(i) -> str:
+    if not i.shape and not i.out_shape:
+        return "<span class='muted' title='the capture has no Input Shapes column'>unknown*</span>"
+    return f"<code>{_eb(i.shape_label.replace('[?]', '[unknown]'))}</code>"
+
+
+def _html_head(r: ProfileReport) -> list[str]:
+    return ["<h1>FormatTrans analysis</h1>", f"<div class='muted small'>{_e(r.path)}</div>",
+            f"<div class='verdict {'flagged' if r.flagged else 'ok'}'>{_e(r.verdict())}</div>"]
+
+
+def _html_captures(r: ProfileReport) -> list[str]:
+    """Several captures / devices: the flagged ones first, each with its own share, then the table of
+    all of them, so the figure that flags the report comes before any pooled one."""
     out: list[str] = []
-    w = out.append
-    w("<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>")
-    w("<meta name='viewport' content='width=device-width,initial-scale=1'>")
-    w(f"<title>npu-deploy profile: {_e(r.verdict())}</title><style>{_CSS}</style></head><body>")
-    w("<h1>FormatTrans analysis</h1>")
-    w(f"<div class='muted small'>{_e(r.path)}</div>")
-    w(f"<div class='verdict {cls}'>{_e(r.verdict())}</div>")
-    # share against threshold
-    scale = max(r.formattrans_pct, r.threshold_pct) * 1.25 or 10.0
-    fill = min(100.0, 100.0 * r.formattrans_pct / scale)
-    thr = min(100.0, 100.0 * r.threshold_pct / scale)
-    color = "#d9534f" if r.flagged else "#5cb85c"
-    w("<h2>Share of device compute</h2>")
-    w(f"<div class='gauge' role='img' aria-label='FormatTrans {r.formattrans_pct:.1f} percent, threshold "
-      f"{r.threshold_pct:g} percent'><div class='fill' style='width:{fill:.2f}%;background:{color}'></div>"
-      f"<div class='thr' style='left:{thr:.2f}%'></div>"
-      f"<div class='val' style='left:{fill:.2f}%'>{r.formattrans_pct:.1f} %</div>"
-      f"<div class='thrlabel' style='left:{thr:.2f}%'>threshold {r.threshold_pct:g} %</div>"
-      f"<div class='scale'>{scale:.3g} %</div><div class='zero'>0</div></div>")
-    w("<table><tr><th>what</th><th class='num'>time</th><th class='num'>tasks</th>"
-      "<th class='num'>% of compute</th><th>counted as FormatTrans</th></tr>")
+    for d in sorted(r.flagged_parts(), key=lambda d: -d.share_pct):
+        out.append(f"<div class='lead'>Flagged: <b>{_e(d.device)}</b> — FormatTrans {d.share_pct:.1f} % of "
+                   f"its own {_e(fmt_us(d.compute_us))} device compute ({_e(fmt_us(d.formattrans_us))}), above "
+                   f"the {r.threshold_pct:g} % threshold.</div>")
+        out.append(gauge(d.share_pct, r.threshold_pct, f"FormatTrans of {d.device}"))
+    out.append(f"<h2 id='captures'>Captures / devices ({len(r.devices)}): one verdict each</h2>"
+               "<table><tr><th>capture / device</th><th class='num'>device compute</th>"
+               "<th class='num'>FormatTrans</th><th class='num'>share</th><th>verdict</th></tr>")
+    for d in sorted(r.devices, key=lambda d: (not d.flagged, -d.share_pct, d.device)):
+        out.append(f"<tr{' class=bad' if d.flagged else ''}><td>{_e(d.device)}</td>"
+                   f"<td class='num'>{_e(fmt_us(d.compute_us))}</td><td class='num'>{_e(fmt_us(d.formattrans_us))}"
+                   f"</td><td class='num'>{d.share_pct:.1f} %</td><td>{'<b>FLAGGED</b>' if d.flagged else 'ok'}</td></tr>")
+    out.append("</table>")
+    return out
+
+
+def _cross_check_note(r: ProfileReport, key: str, val: float) -> str:
+    """What a cross-check counts and why it differs from the headline share (shown with the headline's
+    own precision, so the two figures can be told apart and the headline reads the same everywhere)."""
+    head = f"{r.formattrans_pct:.1f} %"
+    if key == "msprof_analyze_name_rule_pct":
+        extra = [o for o in r.op_types if o.category not in ("format", "layout")
+                 and re.search("cast|transdata|transpose", o.op_type, re.I)]
+        why = ", ".join(f"{o.op_type} {o.share_pct:.1f} %" for o in extra[:4])
+        counted = "TransData" + (" and the Transpose family" if r.include_transpose else "")
+        return (f"{val:.2f} %: counts every kernel whose name contains cast, transdata or transpose"
+                + (f", so also {why}" if why else "") + f"; the headline ({head}) counts {counted} by op type"
+                + (f", not {', '.join(o.op_type for o in extra[:4])}" if extra else "")
+                + ("; above the threshold, but the verdict is the headline's" if val > r.threshold_pct >= r.formattrans_pct
+                   else ""))
+    if key == "op_statistic_transdata_pct":
+        return (f"{val:.2f} %: TransData alone, from op_statistic's per-type totals; the headline's TransData "
+                f"part is {r.transdata_pct:.1f} %" + (f" (the headline, {head}, also counts the Transpose family)"
+                                                      if r.include_transpose else ""))
+    return f"{val:.2f} %"
+
+
+def _html_share(r: ProfileReport) -> list[str]:
+    several = bool(r.devices)
+    what = f"All {len(r.devices)} captures/devices together (pooled)" if several else "Share of device compute"
+    out = [f"<h2>{_e(what)}</h2>"]
+    if several and r.flagged and r.formattrans_pct <= r.threshold_pct:
+        out.append(f"<p class='small muted'>Pooled, FormatTrans is {r.formattrans_pct:.1f} %, below the "
+                   "threshold: the report is flagged by the capture(s) above, not by this figure.</p>")
+    out.append(gauge(r.formattrans_pct, r.threshold_pct, "FormatTrans pooled" if several else "FormatTrans"))
+    out.append("<table><tr><th>what" + (" (all captures together)" if several else "") + "</th>"
+               "<th class='num'>time</th><th class='num'>tasks</th>"
+               "<th class='num'>% of compute</th><th>counted as FormatTrans</th></tr>")
     rows = [("TransData (format conversion)", r.transdata_us, r.transdata_ops, r.transdata_pct, "yes"),
             ("Transpose family (layout)", r.transpose_us, r.transpose_ops, r.transpose_pct,
              "yes" if r.include_transpose else "no (--no-include-transpose)"),
@@ -272,134 +300,162 @@ def render_html(r: ProfileReport, *, top: int = 15) -> str:
             ("Device compute (denominator)", r.compute_us, r.compute_ops, 100.0 if r.compute_us else 0.0, "—"),
             ("Communication (excluded)", r.communication_us, r.communication_ops, None, "—")]
     for name, us, n, pct, counted in rows:
-        w(f"<tr><td>{_e(name)}</td><td class='num'>{_e(fmt_us(us))}</td><td class='num'>{n}</td>"
-          f"<td class='num'>{'' if pct is None else f'{pct:.1f} %'}</td><td>{_e(counted)}</td></tr>")
-    w("</table>")
+        out.append(f"<tr><td>{_e(name)}</td><td class='num'>{_e(fmt_us(us))}</td><td class='num'>{n}</td>"
+                   f"<td class='num'>{'' if pct is None else f'{pct:.1f} %'}</td><td>{_e(counted)}</td></tr>")
+    out.append("</table>")
     if r.task_types:
-        w("<p class='small'>By task type: " + " · ".join(
+        out.append("<p class='small'>By task type: " + " · ".join(
             f"{_e(t.task_type)} {t.share_pct:.1f} % ({_e(fmt_us(t.total_us))})" for t in r.task_types) + "</p>")
-    # bar chart of time by op type
-    w("<h2>Device time by op type</h2>")
-    w("<div class='legend small'><span><i style='background:#d9534f'></i>format conversion</span>"
-      "<span><i style='background:#f0ad4e'></i>layout (Transpose)</span>"
-      "<span><i style='background:#b39ddb'></i>dtype (Cast)</span>"
-      "<span><i style='background:#8aa4c2'></i>other compute</span></div>")
+    if r.cross_checks:
+        out.append("<p class='small'><b>Cross-checks</b> (other ways to count, each says why it differs):</p>"
+                   "<ul class='small'>")
+        for key, val in r.cross_checks.items():
+            out.append(f"<li>{_e(CROSS_CHECK_LABELS.get(key, key))}: {_e(_cross_check_note(r, key, val))}</li>")
+        out.append("</ul>")
+    return out
+
+
+def _html_op_types(r: ProfileReport, top: int) -> list[str]:
+    out = ["<h2>Device time by op type" + (" (all captures together)" if r.devices else "") + "</h2>",
+           "<div class='legend small'><span><i style='background:#d9534f'></i>format conversion</span>"
+           "<span><i style='background:#f0ad4e'></i>layout (Transpose)</span>"
+           "<span><i style='background:#b39ddb'></i>dtype (Cast)</span>"
+           "<span><i style='background:#8aa4c2'></i>other compute</span></div>"]
     shown = list(r.op_types[:top])
     for o in r.op_types[top:]:
         if o.category in ("format", "layout"):
             shown.append(o)  # never hide a conversion op below the cut
     rest = [o for o in r.op_types if o not in shown]
     maxus = max([o.total_us for o in shown] + [sum(o.total_us for o in rest)] + [1e-9])
-    w("<div class='bars'>")
+    out.append("<div class='bars'>")
     for o in shown:
         width = 100.0 * o.total_us / maxus
         label = f"<b>{_e(o.op_type)}</b>" if o.category in ("format", "layout") else _e(o.op_type)
-        w(f"<div>{label}</div><div><div class='bar {_e(o.category)}' style='width:{width:.2f}%'></div></div>"
-          f"<div class='num small'>{_e(fmt_us(o.total_us))} · {o.share_pct:.1f} %</div>")
+        out.append(f"<div>{label}</div><div><div class='bar {_e(o.category)}' style='width:{width:.2f}%'></div>"
+                   f"</div><div class='num small'>{_e(fmt_us(o.total_us))} · {o.share_pct:.1f} %</div>")
     if rest:
         rest_us = sum(o.total_us for o in rest)
-        w(f"<div class='muted'>{len(rest)} other op types</div><div><div class='bar other' "
-          f"style='width:{100.0 * rest_us / maxus:.2f}%'></div></div>"
-          f"<div class='num small'>{_e(fmt_us(rest_us))} · {100.0 * rest_us / r.compute_us if r.compute_us else 0:.1f} %</div>")
-    w("</div>")
-    # conversion kinds
+        out.append(f"<div class='muted'>{len(rest)} other op types</div><div><div class='bar other' "
+                   f"style='width:{100.0 * rest_us / maxus:.2f}%'></div></div><div class='num small'>"
+                   f"{_e(fmt_us(rest_us))} · {100.0 * rest_us / r.compute_us if r.compute_us else 0:.1f} %</div>")
+    out.append("</div>")
+    return out
+
+
+def _html_conversions(r: ProfileReport, top: int) -> list[str]:
     conv = [k for k in r.conversions if k.category in ("format", "layout")]
-    w("<h2 id='conversions'>Conversion kinds</h2>")
+    out = ["<h2 id='conversions'>Conversion kinds" + (" (all captures together)" if r.devices else "") + "</h2>"]
     if r.detail != "per-task":
-        w("<p class='muted'>Only per-op-type totals (op_statistic) were available: no kinds or shapes.</p>")
-    elif not conv:
-        w("<p class='muted'>No TransData or Transpose tasks in this profile.</p>")
-    else:
-        w("<table><tr><th>kind</th><th>class</th><th>op types</th><th class='num'>count</th>"
-          "<th class='num'>total</th><th class='num'>mean</th><th class='num'>share</th><th>shapes</th></tr>")
-        for k in conv:
-            shapes = "<br>".join(f"<code>[{_eb(s)}]</code> ×{int(n)}" for s, n in k.shapes[:3])
-            w(f"<tr><td><b>{_e(kind_label(k))}</b></td><td>{_e(k.category)}</td><td>{_e(', '.join(k.op_types))}</td>"
-              f"<td class='num'>{k.count}</td><td class='num'>{_e(fmt_us(k.total_us))}</td>"
-              f"<td class='num'>{_e(fmt_us(k.mean_us))}</td><td class='num'>{k.share_pct:.1f} %</td>"
-              f"<td>{shapes}</td></tr>")
-        w("</table>")
-        inst = sorted((i for k in conv for i in k.top), key=lambda i: (-i.total_us, i.name))[:top]
-        w("<h2>Top conversion ops</h2><table><tr><th class='num'>total</th><th class='num'>runs</th>"
-          "<th class='num'>mean</th><th>op name</th><th>conversion</th><th>shape</th><th>after</th><th>before</th>"
-          "<th>where (first run)</th></tr>")
-        for i in inst:
-            where = f"{i.file or ''}:{i.line}" if i.line is not None else (i.file or "")
-            dev = f"device {i.device}, " if i.device else ""
-            stream = f"stream {i.stream}" if i.stream else ""
-            w(f"<tr><td class='num'>{_e(fmt_us(i.total_us))}</td><td class='num'>{i.count}</td>"
-              f"<td class='num'>{_e(fmt_us(i.duration_us))}</td><td><code>{_eb(i.name)}</code></td>"
-              f"<td>{_e(i.conversion)}</td><td><code>{_eb(i.shape_label)}</code></td>"
-              f"<td><code>{_eb(i.prev_op or '(start)')}</code></td><td><code>{_eb(i.next_op or '(end)')}</code></td>"
-              f"<td class='small muted'>{_e(dev + stream)}<br>{_e(where)}</td></tr>")
-        w("</table>")
-    # round trips
-    w("<h2 id='round-trips'>Round trips</h2>")
+        return out + ["<p class='muted'>Only per-op-type totals (op_statistic) were available: no kinds or shapes.</p>"]
+    if not conv:
+        return out + ["<p class='muted'>No TransData or Transpose tasks in this profile.</p>"]
+    out.append("<table><tr><th>kind</th><th>class</th><th>op types</th><th class='num'>count</th>"
+               "<th class='num'>total</th><th class='num'>mean</th><th class='num'>share</th><th>shapes</th></tr>")
+    for k in conv:
+        shapes = "<br>".join(f"<code>[{_eb(s)}]</code> ×{int(n)}" for s, n in k.shapes[:3]) or \
+            "<span class='muted'>unknown*</span>"
+        out.append(f"<tr><td><b>{_e(kind_label(k))}</b></td><td>{_e(k.category)}</td><td>{_e(', '.join(k.op_types))}"
+                   f"</td><td class='num'>{k.count}</td><td class='num'>{_e(fmt_us(k.total_us))}</td>"
+                   f"<td class='num'>{_e(fmt_us(k.mean_us))}</td><td class='num'>{k.share_pct:.1f} %</td>"
+                   f"<td>{shapes}</td></tr>")
+    out.append("</table>")
+    inst = sorted((i for k in conv for i in k.top), key=lambda i: (-i.total_us, i.name))[:top]
+    by_file = _capture_of_file(r) if r.devices else {}
+    out.append("<h2>Top conversion ops</h2><table><tr><th class='num'>total</th><th class='num'>runs</th>"
+               "<th class='num'>mean</th><th>op name</th><th>conversion</th><th>shape</th><th>after</th>"
+               "<th>before</th><th>where (first run)</th></tr>")
+    for i in inst:
+        where = f"{i.file or ''}:{i.line}" if i.line is not None else (i.file or "")
+        cap = by_file.get(os.path.basename(i.file or ""))
+        dev = f"device {i.device}, " if i.device else ""
+        stream = f"stream {i.stream}" if i.stream else ""
+        out.append(f"<tr><td class='num'>{_e(fmt_us(i.total_us))}</td><td class='num'>{i.count}</td>"
+                   f"<td class='num'>{_e(fmt_us(i.duration_us))}</td><td><code>{_eb(i.name)}</code></td>"
+                   f"<td>{_conversion_cell(i)}</td><td>{_shape_cell(i)}</td>"
+                   f"<td><code>{_eb(i.prev_op or '(start)')}</code></td><td><code>{_eb(i.next_op or '(end)')}</code></td>"
+                   f"<td class='small muted'>{'capture <b>' + _eb(cap) + '</b><br>' if cap else ''}"
+                   f"{_e(dev + stream) + '<br>' if dev or stream else ''}{_e(where)}</td></tr>")
+    out.append("</table>")
+    if any(_unknown_formats(i) or not (i.shape or i.out_shape) for i in inst) or any(not k.shapes for k in conv):
+        out.append("<p class='small muted'>* unknown: the capture that holds these ops recorded no Input/Output "
+                   "Formats or Shapes columns (a Level0 capture, or a timeline); capture at Level1 or higher "
+                   "to see what each TransData converts.</p>")
+    return out
+
+
+def _html_round_trips_and_suggestions(r: ProfileReport, top: int) -> list[str]:
+    out = ["<h2 id='round-trips'>Round trips</h2>"]
     if not r.round_trips:
-        w("<p class='muted'>No conversion is undone later on the same shape.</p>")
+        out.append("<p class='muted'>No conversion is undone later on the same shape.</p>")
     else:
-        w("<table><tr><th>pattern</th><th>shape</th><th class='num'>count</th><th class='num'>would save</th>"
-          "<th>between</th><th>example</th></tr>")
+        out.append("<table><tr><th>pattern</th><th>shape</th><th class='num'>count</th><th class='num'>would save</th>"
+                   "<th>between</th><th>example</th></tr>")
         for t in r.round_trips[:top]:
             ex = " … ".join(t.examples[0]) if t.examples else ""
-            w(f"<tr><td><b>{_e(t.label)}</b></td><td><code>{_eb(t.shape)}</code></td><td class='num'>{t.count}</td>"
-              f"<td class='num'>{_e(fmt_us(t.saved_us))} ({t.saved_pct:.1f} %)</td><td>{_e(', '.join(t.between))}</td>"
-              f"<td><code>{_eb(ex)}</code></td></tr>")
-        w("</table>")
-    # suggestions
-    w("<h2 id='suggestions'>Suggestions</h2>")
+            out.append(f"<tr><td><b>{_e(t.label)}</b></td><td><code>{_eb(t.shape)}</code></td><td class='num'>"
+                       f"{t.count}</td><td class='num'>{_e(fmt_us(t.saved_us))} ({t.saved_pct:.1f} %)</td>"
+                       f"<td>{_e(', '.join(t.between))}</td><td><code>{_eb(ex)}</code></td></tr>")
+        out.append("</table>")
+    out.append("<h2 id='suggestions'>Suggestions</h2>")
     if not r.suggestions:
-        w("<p class='muted'>Nothing to change on this evidence.</p>")
+        out.append("<p class='muted'>Nothing to change on this evidence.</p>")
     for s in r.suggestions:
         detail = _OPTION.sub(r"<code class='nowrap'>\1</code>", _e(s.detail))
-        w(f"<div class='sugg'><b>{_e(s.title)}</b>{detail}<div class='ev'>Evidence: {_e(s.evidence)}</div></div>")
+        out.append(f"<div class='sugg'><b>{_e(s.title)}</b>{detail}<div class='ev'>Evidence: {_e(s.evidence)}</div></div>")
+    return out
+
+
+def _html_tail(r: ProfileReport, top: int) -> list[str]:
+    """Casts, AI CPU, steps, sources, warnings and the footer."""
+    out: list[str] = []
     casts = [k for k in r.conversions if k.category == "dtype"]
     if casts:
-        w("<h2>Casts (dtype conversions, not counted as FormatTrans)</h2><table><tr><th>dtypes</th>"
-          "<th class='num'>count</th><th class='num'>total</th><th class='num'>share</th></tr>")
+        out.append("<h2>Casts (dtype conversions, not counted as FormatTrans)</h2><table><tr><th>dtypes</th>"
+                   "<th class='num'>count</th><th class='num'>total</th><th class='num'>share</th></tr>")
         for k in casts[:top]:
-            w(f"<tr><td>{_e(kind_label(k))}</td><td class='num'>{k.count}</td><td class='num'>{_e(fmt_us(k.total_us))}</td>"
-              f"<td class='num'>{k.share_pct:.1f} %</td></tr>")
-        w("</table>")
+            out.append(f"<tr><td>{_e(kind_label(k))}</td><td class='num'>{k.count}</td><td class='num'>"
+                       f"{_e(fmt_us(k.total_us))}</td><td class='num'>{k.share_pct:.1f} %</td></tr>")
+        out.append("</table>")
     if r.ai_cpu_ops:
-        w(f"<h2>AI CPU ({r.ai_cpu_pct:.1f} % of compute)</h2><table><tr><th>op type</th><th class='num'>count</th>"
-          "<th class='num'>total</th><th class='num'>share</th><th>dtypes</th></tr>")
+        out.append(f"<h2>AI CPU ({r.ai_cpu_pct:.1f} % of compute)</h2><table><tr><th>op type</th><th class='num'>"
+                   "count</th><th class='num'>total</th><th class='num'>share</th><th>dtypes</th></tr>")
         for a in r.ai_cpu_ops[:top]:
-            w(f"<tr><td>{_e(a.op_type)}</td><td class='num'>{a.count}</td><td class='num'>{_e(fmt_us(a.total_us))}</td>"
-              f"<td class='num'>{a.share_pct:.1f} %</td><td>{_e(', '.join(a.dtypes))}</td></tr>")
-        w("</table>")
-    if r.devices:
-        w("<h2>Captures / devices</h2><table><tr><th>capture / device</th><th class='num'>compute</th>"
-          "<th class='num'>FormatTrans</th><th class='num'>share</th><th>verdict</th></tr>")
-        for d in r.devices:
-            w(f"<tr><td>{_e(d.device)}</td><td class='num'>{_e(fmt_us(d.compute_us))}</td>"
-              f"<td class='num'>{_e(fmt_us(d.formattrans_us))}</td><td class='num'>{d.share_pct:.1f} %</td>"
-              f"<td>{'<b>FLAGGED</b>' if d.flagged else 'ok'}</td></tr>")
-        w("</table>")
+            out.append(f"<tr><td>{_e(a.op_type)}</td><td class='num'>{a.count}</td><td class='num'>"
+                       f"{_e(fmt_us(a.total_us))}</td><td class='num'>{a.share_pct:.1f} %</td>"
+                       f"<td>{_e(', '.join(a.dtypes))}</td></tr>")
+        out.append("</table>")
     if r.steps:
-        w("<h2>Steps</h2><p class='small muted'>Step-trace spans of the timeline: markers of the step, not "
-          "kernels, so not in device compute.</p><table><tr><th>device</th><th>span</th>"
-          "<th class='num'>count</th><th class='num'>total</th><th class='num'>mean</th></tr>")
+        out.append("<h2>Steps</h2><p class='small muted'>Step-trace spans of the timeline: markers of the step, "
+                   "not kernels, so not in device compute.</p><table><tr><th>device</th><th>span</th>"
+                   "<th class='num'>count</th><th class='num'>total</th><th class='num'>mean</th></tr>")
         for st in r.steps:
-            w(f"<tr><td>{_e(st.device)}</td><td>{_e(st.kind)}</td><td class='num'>{st.count}</td>"
-              f"<td class='num'>{_e(fmt_us(st.total_us))}</td><td class='num'>{_e(fmt_us(st.mean_us))}</td></tr>")
-        w("</table>")
-    w("<h2>Sources</h2><ul class='small'>")
-    for s in r.sources:
-        w(f"<li>{_e(s)}</li>")
-    for key, val in r.cross_checks.items():
-        w(f"<li>cross-check: {_e(CROSS_CHECK_LABELS.get(key, key))}: {val:.2f} %</li>")
-    w("</ul>")
+            out.append(f"<tr><td>{_e(st.device)}</td><td>{_e(st.kind)}</td><td class='num'>{st.count}</td>"
+                       f"<td class='num'>{_e(fmt_us(st.total_us))}</td><td class='num'>{_e(fmt_us(st.mean_us))}</td></tr>")
+        out.append("</table>")
+    out.append("<h2>Sources</h2><ul class='small'>")
+    out.extend(f"<li>{_e(s)}</li>" for s in r.sources)
+    out.append("</ul>")
     if r.warnings:
-        w("<h2>Warnings</h2><ul class='small'>")
-        for m in r.warnings:
-            w(f"<li>{_e(m)}</li>")
-        w("</ul>")
-    w("<p class='muted small'>Shares are of device compute time (every device task except communication). "
-      f"Schema {_e(r.SCHEMA)} v{r.SCHEMA_VERSION}. Generated by npu-deploy.</p>")
-    w("</body></html>")
-    return "\n".join(out)
+        out.append("<h2>Warnings</h2><ul class='small'>")
+        out.extend(f"<li>{_e(m)}</li>" for m in r.warnings)
+        out.append("</ul>")
+    out.append("<p class='muted small'>Shares are of device compute time (every device task except communication). "
+               f"Schema {_e(r.SCHEMA)} v{r.SCHEMA_VERSION}. Generated by npu-deploy.</p>")
+    return out
 
+
+def render_html(r: ProfileReport, *, top: int = 15) -> str:
+    """One self-contained HTML page (inline CSS, no script, no network); every profile string escaped.
+
+    With several captures / devices the flagged ones lead (each with its own share), then the table of
+    all of them; pooled figures say they are pooled. A bar is red only when its own figure is above the
+    threshold."""
+    body = _html_head(r)
+    if r.devices:
+        body += _html_captures(r)
+    body += _html_share(r) + _html_op_types(r, top) + _html_conversions(r, top)
+    body += _html_round_trips_and_suggestions(r, top) + _html_tail(r, top)
+    return page(f"npu-deploy profile: {r.verdict()}", "\n".join(body))
 
 def write_html(r: ProfileReport, path: str | os.PathLike) -> None:
     """Write :func:`render_html` atomically."""

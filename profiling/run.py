@@ -121,7 +121,11 @@ def profile_on_emulator(model: str | os.PathLike, output_dir: str | os.PathLike,
             kwargs = {"backend": "builtin", **dict(convert_options or {})}
             if input_shapes and "input_shapes" not in kwargs:
                 kwargs["input_shapes"] = {k: tuple(v) for k, v in input_shapes.items()}
-            result = convert(model, output=bundle, **kwargs)
+            try:
+                result = convert(model, output=bundle, **kwargs)
+            except ModelError as e:
+                _rehint_dynamic(e)
+                raise
             bundle = Path(getattr(result, "output", None) or bundle)
         sess = InferenceSession(bundle, backend="emulator", profile=True, profile_dir=out)
         try:
@@ -171,6 +175,13 @@ def _remove_if_empty(made: list[Path]) -> None:
             return
 
 
+def _rehint_dynamic(e: ModelError) -> None:
+    """``profile run`` fixes shapes with ``--input-shape`` only (no gears): say so, not convert's flags."""
+    if getattr(e, "dynamic_input", None):
+        name, example = e.dynamic_input
+        e.hint = f"fix them with --input-shape \"{name}:{example}\" with each ? replaced by a size"
+
+
 def _is_onnx(path: Path) -> bool:
     if path.suffix.lower() == ".onnx":
         return True
@@ -210,7 +221,11 @@ def profile_model(model: str | os.PathLike, output_dir: str | os.PathLike, *,
                 Path(output_dir).mkdir(parents=True, exist_ok=True)
                 tmpdir = tempfile.mkdtemp(prefix=".npu-deploy-profile-", dir=output_dir)
                 shapes = {k: tuple(v) for k, v in input_shapes.items()} if input_shapes else None
-                result = convert(model, output=Path(tmpdir) / model.stem, input_shapes=shapes)
+                try:
+                    result = convert(model, output=Path(tmpdir) / model.stem, input_shapes=shapes)
+                except ModelError as e:
+                    _rehint_dynamic(e)
+                    raise
                 model = Path(result.output)
                 if not model.is_file():
                     raise ModelError(f"{model}: conversion produced no model file")

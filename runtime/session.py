@@ -260,8 +260,12 @@ class InferenceSession:
             res = convert(self.path, out, backend="atc" if use_atc else "builtin",
                           input_shapes=dict(shapes) if shapes else None, dynamic_batch=dynamic_batch,
                           dynamic_dims=dynamic_dims)
-        except BaseException:
+        except BaseException as e:
             self._remove_tmpdir()
+            if getattr(e, "dynamic_input", None):  # the CLI's --input-shape is input_shapes= here
+                name, example = e.dynamic_input
+                e.hint = (f"pass InferenceSession(..., input_shapes={{{name!r}: ({example})}}) with each ? "
+                          f"replaced by a size")
             raise
         self.source_model, self.path = self.path, Path(res.output)
         self.conversion = "ATC (.om, on the device)" if use_atc else "built-in lowering (bundle, CPU emulator)"
@@ -449,7 +453,7 @@ class NodeArg:
     """An input or output as onnxruntime describes it (``.name``, ``.shape``, ``.type``), carrying the
     :class:`~npu_deploy.runtime.backend.TensorMeta` fields (``dtype``, ``format``, ``device_format``,
     ``device_shape``, ``nbytes``, ``gears``, ``rank``, ``is_dynamic``, ``to_dict()``) besides.
-    ``.shape`` is a tuple; a dynamic dim is a :class:`DimName` (``"unk__<axis>"`` when the model does
+    ``.shape`` is a list, as onnxruntime gives it; a dynamic dim is a :class:`DimName` (``"unk__<axis>"`` when the model does
     not name it)."""
 
     __slots__ = ("meta", "shape", "type")
@@ -457,7 +461,7 @@ class NodeArg:
     def __init__(self, meta: TensorMeta, names: Sequence[str | None] = ()):
         self.meta = meta
         names = list(names) + [None] * (len(meta.shape) - len(names))
-        self.shape = tuple(d if d >= 0 else DimName(names[k] or f"unk__{k}") for k, d in enumerate(meta.shape))
+        self.shape = [d if d >= 0 else DimName(names[k] or f"unk__{k}") for k, d in enumerate(meta.shape)]
         by_dtype = {v: k for k, v in ORT_TYPES.items()}
         self.type = by_dtype.get(np.dtype(meta.dtype).name, f"tensor({np.dtype(meta.dtype).name})")
 

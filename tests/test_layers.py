@@ -44,7 +44,7 @@ LAYERS = {
     "npu_deploy.distributed": {"base", "npu_deploy.runtime.distributed"},
 }
 BASE = {"npu_deploy.errors", "npu_deploy._io", "npu_deploy._result", "npu_deploy._text", "npu_deploy._thresholds",
-        "npu_deploy._version", "npu_deploy._display", "npu_deploy._ray"}
+        "npu_deploy._version", "npu_deploy._display", "npu_deploy._ray", "npu_deploy._html"}
 
 
 def modules() -> dict[str, Path]:

@@ -285,9 +285,11 @@ def load_model(path: str | os.PathLike, *, input_shapes: Mapping[str, Sequence[i
         if any(d < 0 for d in fixed[i.name]) and not gears:
             shape, names = base[i.name]
             example = ",".join(str(d) if d >= 0 else "?" for d in fixed[i.name])
-            raise ModelError(f"input {i.name!r} of {p.name} has dynamic dimensions {_fmt(shape, names)}",
+            err = ModelError(f"input {i.name!r} of {p.name} has dynamic dimensions {_fmt(shape, names)}",
                              hint=f"fix them with --input-shape \"{i.name}:{example}\" with each ? replaced "
                                   f"by a size, or give gears with --dynamic-batch / --dynamic-dims")
+            err.dynamic_input = (i.name, example)  # callers without these flags word their own hint
+            raise err
 
     # The model as the bundle keeps it: user shapes applied, gear dims left symbolic.
     for i in graph_inputs:

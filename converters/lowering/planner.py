@@ -1551,7 +1551,7 @@ class PlanReport(Result):
     def summary_lines(self) -> list[str]:
         """The human-readable report ``npu-deploy convert`` prints (estimates labelled)."""
         lines = [f"plan for {self.model} on {self.soc} ({self.precision_mode}): {self.nodes} nodes"
-                 + (f", {self.constant_folded} constant-folded" if self.constant_folded else ""),
+                 + (f", {self.constant_folded} Constant nodes and constant-folded ops left out" if self.constant_folded else ""),
                  "  engines: " + ", ".join(f"{k} {v}" for k, v in self.engines.items()),
                  "  formats: " + ", ".join(f"{k} {v}" for k, v in sorted(self.formats.items())),
                  f"  TransData: naive {self.transdata_naive_count} ({_mb(self.transdata_naive_bytes)}), "

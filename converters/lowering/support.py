@@ -216,7 +216,7 @@ class SupportReport(Result):
         folded = sum(1 for n in self.nodes if n.folded and n.engine != UNSUPPORTED)
         return (f"{self.soc}, opset {self.opset}: {sum(c.values())} nodes: {c[AI_CORE]} AI Core, "
                 f"{c[AI_CPU]} AI CPU, {c[UNSUPPORTED]} unsupported"
-                + (f" ({folded} constant-folded)" if folded else ""))
+                + (f" (and {folded} ops constant-folded, Constant nodes not counted)" if folded else ""))
 
     def raise_if_unsupported(self, model_name: str = "the model") -> None:
         """Raise one ``ModelError`` listing every unsupported node (name, op, reason)."""

@@ -56,6 +56,7 @@ import numpy as np
 import onnx
 from onnx import helper
 
+from npu_deploy._html import page
 from npu_deploy._io import atomic_write, load_npz
 from npu_deploy._result import Result
 from npu_deploy._text import printable
@@ -877,48 +878,75 @@ def _isolate(model: onnx.ModelProto, graph: _Graph, rows: list[TensorRow], golde
 
 
 # ------------------------------------------------------------------------------------------ HTML
-def _render_html(res: DebugCompareResult) -> str:
+def _error_chart(res: DebugCompareResult) -> str:
+    """1 - cosine per layer (log scale) as inline SVG. Each dot has its layer's name on hover, the axis
+    names the layers (every k-th when there are many), and an error of exactly zero sits on its own
+    "0" line below the log axis instead of pretending to be the axis floor."""
     e = html.escape
     rows = res.rows
-    width, height, pad = 960, 260, 40
-    pts = []
+    width, top, plot_h, label_h, left, right = 1060, 20, 220, 118, 52, 64
+    zero_y = top + plot_h + 18
+    height = zero_y + 12 + label_h + 16
+    errs = [None if not r.compared else (1.0 if r.cosine is None else max(1.0 - r.cosine, 0.0)) for r in rows]
+    nonzero = [x for x in errs if x]
+    lo = min(-3, math.floor(math.log10(min(nonzero)))) if nonzero else -9
     n = max(len(rows), 1)
-    for k, r in enumerate(rows):
-        if not r.compared:
-            continue
-        err = 1.0 if r.cosine is None else max(1.0 - r.cosine, 1e-9)
-        y = height - pad - (math.log10(err) + 9) / 9 * (height - 2 * pad)
-        x = pad + (k + 0.5) / n * (width - 2 * pad)
-        colour = "#c0392b" if not r.passed else "#2e86c1"
-        label = f"{r.op} → {r.tensor}: cosine {_f(r.cosine, '.6f')}, max abs {_f(r.max_abs)}"
-        pts.append(f'<circle cx="{x:.1f}" cy="{y:.1f}" r="3" fill="{colour}"><title>{e(printable(label))}'
-                   f'</title></circle>')
-    grid = []
-    for p in range(-9, 1, 3):
-        y = height - pad - (p + 9) / 9 * (height - 2 * pad)
-        grid.append(f'<line x1="{pad}" y1="{y:.1f}" x2="{width - pad}" y2="{y:.1f}" stroke="#ddd"/>'
-                    f'<text x="4" y="{y + 4:.1f}" font-size="10">1e{p}</text>')
+
+    def y_of(err: float) -> float:
+        return zero_y if err == 0 else top + plot_h - (math.log10(err) - lo) / (0 - lo) * plot_h
+
+    def x_of(k: int) -> float:
+        return left + (k + 0.5) / n * (width - left - right)
+
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {width} {height}" width="100%" role="img" '
+           f'aria-label="1 - cosine per layer">']
+    step = max(1, (0 - lo) // 4)
+    for p in range(lo, 1, step):
+        y = y_of(10.0 ** p)
+        out.append(f'<line x1="{left}" y1="{y:.1f}" x2="{width - right}" y2="{y:.1f}" stroke="#e3e6ea"/>'
+                   f'<text x="{left - 6}" y="{y + 4:.1f}" text-anchor="end">1e{p}</text>')
+    out.append(f'<line x1="{left}" y1="{zero_y}" x2="{width - right}" y2="{zero_y}" stroke="#9aa3ad" '
+               f'stroke-dasharray="1 3"/><text x="{left - 6}" y="{zero_y + 4}" text-anchor="end">0</text>')
     mark = res.cosine_min if res.cosine_min is not None else LOW_PRECISION_COSINE
-    if mark < 1.0:
-        p = math.log10(max(1.0 - mark, 1e-9))
-        y = height - pad - (p + 9) / 9 * (height - 2 * pad)
-        grid.append(f'<line x1="{pad}" y1="{y:.1f}" x2="{width - pad}" y2="{y:.1f}" stroke="#c0392b" '
-                    f'stroke-dasharray="2 2"/><text x="{width - pad - 120}" y="{y - 3:.1f}" font-size="10" '
-                    f'fill="#c0392b">cosine {mark:g}{"" if res.cosine_min is not None else " (float16)"}</text>')
+    if mark < 1.0 and 1.0 - mark >= 10.0 ** lo:
+        y = y_of(1.0 - mark)
+        out.append(f'<line x1="{left}" y1="{y:.1f}" x2="{width - right}" y2="{y:.1f}" stroke="#c0392b" '
+                   f'stroke-dasharray="2 2"/><text x="{width - right - 4}" y="{y - 3:.1f}" text-anchor="end" '
+                   f'fill="#c0392b">cosine {mark:g}{"" if res.cosine_min is not None else " (float16)"}</text>')
     fd = res.first_divergent
     if fd:
         k = next((i for i, r in enumerate(rows) if r.op == fd["op"] and r.output_index == fd["output_index"]), None)
         if k is not None:
-            x = pad + (k + 0.5) / n * (width - 2 * pad)
-            grid.append(f'<line x1="{x:.1f}" y1="{pad}" x2="{x:.1f}" y2="{height - pad}" stroke="#c0392b" '
-                        f'stroke-dasharray="4 3"/><text x="{x + 4:.1f}" y="{pad + 10}" font-size="11" '
-                        f'fill="#c0392b">first divergent</text>')
-    svg = (f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" role="img" '
-           f'aria-label="1 - cosine per layer">{"".join(grid)}{"".join(pts)}'
-           f'<text x="{pad}" y="{height - 10}" font-size="11">layers in topological order →  '
-           f'(y: 1 - cosine, log scale; red: beyond tolerance)</text></svg>')
+            x = x_of(k)
+            out.append(f'<line x1="{x:.1f}" y1="{top}" x2="{x:.1f}" y2="{zero_y}" stroke="#c0392b" '
+                       f'stroke-dasharray="4 3"/><text x="{x + 4:.1f}" y="{top + 10}" fill="#c0392b">'
+                       f'first divergent: {e(printable(fd["op"]))}</text>')
+    every = max(1, math.ceil(n / 60))   # about 60 names fit under the axis; the rest are on hover
+    for k, r in enumerate(rows):
+        x = x_of(k)
+        if k % every == 0:
+            out.append(f'<text transform="translate({x + 3:.1f},{zero_y + 14}) rotate(60)" font-size="9" '
+                       f'fill="#44505c">{e(printable(r.op if len(r.op) <= 20 else r.op[:19] + "…"))}</text>')
+        if errs[k] is None:
+            continue
+        colour = "#c0392b" if not r.passed else "#2e86c1"
+        label = (f"#{k} {r.op} ({r.op_type}) → {r.tensor}: cosine {_f(r.cosine, '.6f')}, "
+                 f"1 - cosine {_f(errs[k], '.2e') if errs[k] else '0 (exact)'}, max abs {_f(r.max_abs)}")
+        fill = "none" if errs[k] == 0 else colour
+        out.append(f'<circle cx="{x:.1f}" cy="{y_of(errs[k]):.1f}" r="3" fill="{fill}" stroke="{colour}">'
+                   f'<title>{e(printable(label))}</title></circle>')
+    out.append(f'<text x="{left}" y="{height - 4}">layers in topological order → (y: 1 - cosine, log scale; '
+               f'hollow dots on the 0 line: exactly equal; red: beyond tolerance; hover a dot for its layer)</text>')
+    out.append("</svg>")
+    return "".join(out)
+
+
+def _render_html(res: DebugCompareResult) -> str:
+    e = html.escape
+    rows = res.rows
     head = ["#", "op", "type", "tensor", "dtype/format", "shape", "cosine", "max abs", "max rel", "rmse",
             "mean rel", "NaN/Inf", "overflow", "result"]
+    num = {"#", "cosine", "max abs", "max rel", "rmse", "mean rel", "NaN/Inf"}
     body = []
     for k, r in enumerate(rows):
         cls = "bad" if not r.passed else ("na" if not r.compared else "")
@@ -926,16 +954,15 @@ def _render_html(res: DebugCompareResult) -> str:
                  f"{r.dtype}/{r.format}", "x".join(map(str, r.shape)), _f(r.cosine, ".6f"), _f(r.max_abs),
                  _f(r.max_rel), _f(r.rmse), _f(r.mean_rel), f"{r.nan}/{r.inf}", "yes" if r.overflow else "",
                  ("ok" if r.passed else "FAIL: " + r.reason) + (f" ({r.origin})" if r.origin else "")]
-        body.append(f'<tr class="{cls}">' + "".join(f"<td>{e(printable(c))}</td>" for c in cells) + "</tr>")
+        body.append(f'<tr class="{cls}">' + "".join(
+            f"<td{' class=num' if h in num else ''}>{e(printable(c))}</td>" for h, c in zip(head, cells)) + "</tr>")
     findings = "".join(f"<li>{e(s)}</li>" for s in res.summary_lines())
-    return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
-            f"<title>npu-deploy debug compare: {e(printable(Path(res.model).name))}</title>"
-            "<style>body{font-family:sans-serif;margin:1.5em}table{border-collapse:collapse;font-size:12px}"
-            "td,th{border:1px solid #ccc;padding:2px 6px;text-align:left}tr.bad td{background:#fdecea}"
-            "tr.na td{color:#888}.verdict{font-weight:bold}</style></head><body>"
-            f"<h1>debug compare: {e(printable(Path(res.model).name))}</h1><p>model: {e(printable(res.model))}</p>"
-            f"<p>dumps: {e(printable(res.dumps))}; mapping: {e(res.mapping)}; "
-            f"{len(res.compared())} tensors compared</p>"
-            f"<p class=\"verdict\">{e(res.verdict())}</p><ul>{findings}</ul>{svg}"
-            "<table><thead><tr>" + "".join(f"<th>{e(h)}</th>" for h in head) + "</tr></thead><tbody>"
-            + "".join(body) + "</tbody></table></body></html>\n")
+    name = e(printable(Path(res.model).name))
+    return page(f"npu-deploy debug compare: {printable(Path(res.model).name)}",
+                f"<h1>debug compare: {name}</h1><div class='muted small'>model: {e(printable(res.model))}<br>"
+                f"dumps: {e(printable(res.dumps))}; mapping: {e(res.mapping)}; {len(res.compared())} tensors "
+                f"compared</div><div class='verdict {'ok' if res else 'flagged'}'>{e(res.verdict())}</div>"
+                f"<ul class='small'>{findings}</ul><h2>Error per layer</h2>{_error_chart(res)}"
+                "<h2>Tensors</h2><div style='overflow-x:auto'><table class='small'><thead><tr>"
+                + "".join(f"<th{' class=num' if h in num else ''}>{e(h)}</th>" for h in head)
+                + "</tr></thead><tbody>" + "".join(body) + "</tbody></table></div>")

@@ -488,6 +488,11 @@ def _inspect_bundle(path: Path, *, ops: bool, layers: bool, verify: bool) -> Ins
         weights = list(b.weights.values())
     g = graph.graph
     inputs = [_bundle_tensor(t) for t in _get(m, "inputs", list, [])]
+    aipp = _get(m, "aipp", Mapping, {})
+    for t in inputs:  # an AIPP input is the raw image: NHWC on the host, the AIPP input format on the device
+        if aipp and t.get("name") == aipp.get("input"):
+            t["format"] = _plain(aipp.get("raw_layout")) or "NHWC"
+            t["device_format"] = _plain(_get(aipp, "fields", Mapping, {}).get("input_format")) or t["device_format"]
     outputs = [_bundle_tensor(t) for t in _get(m, "outputs", list, [])]
     hist = Counter(n.op_type for n in g.node)
 
@@ -647,10 +652,16 @@ def _inspect_dump(path: Path) -> InspectReport:
     d = dumpfile.read_dump(path)
     info = {"op_type": d.op_type, "op_name": d.op_name, "task_id": d.task_id, "stream_id": d.stream_id,
             "timestamp": d.timestamp, "version": d.version, "dump_time": d.dump_time}
+    notes = []
+    wide = [f"input:{i}" for i, t in enumerate(d.inputs) if t.dtype.name == "float32"]
+    if wide and d.outputs and all(t.dtype.name == "float16" for t in d.outputs) and d.op_type != "Cast":
+        # force_fp16 with no Cast before the op: the float32 -> float16 cast is this op's own first step
+        notes.append(f"{', '.join(wide)} float32, outputs float16: {d.op_type or 'the op'} {d.op_name} casts its "
+                     "input to float16 itself (no Cast op and no dtype change at the transfer before it)")
     return InspectReport(path=str(path), kind="dump", file_size=path.stat().st_size,
                          inputs=[_dump_tensor(f"input:{i}", t, False) for i, t in enumerate(d.inputs)],
                          outputs=[_dump_tensor(f"output:{i}", t, True) for i, t in enumerate(d.outputs)],
-                         op_count=1, op_types={d.op_type or "?": 1}, dump=info)
+                         op_count=1, op_types={d.op_type or "?": 1}, dump=info, notes=notes)
 
 
 # -----------------------------------------------------------------------------------------------------

@@ -138,7 +138,7 @@ class PrecisionResult(Result):
         return f"cosine >= {self.target.get('cosine', DEFAULT_COSINE):g}"
 
     def accuracy_text(self) -> str:
-        return f"cosine {_f(self.cosine, '.6f')}, max abs error {_f(self.max_abs)}"
+        return f"cosine {_cos(self.cosine, self.target.get('cosine', DEFAULT_COSINE))}, max abs error {_f(self.max_abs)}"
 
     def verdict(self) -> str:
         cost = self.latency_cost_pct()
@@ -158,7 +158,7 @@ class PrecisionResult(Result):
         """The accuracy with no op kept, in the target's metric."""
         if self.target.get("max_abs") is not None:
             return f"max abs error {_f(self.baseline_max_abs)}"
-        return f"cosine {_f(self.baseline_cosine, '.6f')}"
+        return f"cosine {_cos(self.baseline_cosine, self.target.get('cosine', DEFAULT_COSINE))}"
 
     def cfg_text(self) -> str:
         """The keep list as ATC's ``--keep_dtype`` file: one op name or ``OpType::X`` a line."""
@@ -171,6 +171,17 @@ class PrecisionResult(Result):
 
 def _f(v, spec=".3e") -> str:
     return "n/a" if v is None else format(v, spec)
+
+
+def _cos(v, target=None) -> str:
+    """A cosine with enough digits to see which side of ``target`` it is on (at least six):
+    0.99998999 against 0.99999 prints ``0.99998999``, not ``0.999990``."""
+    if v is None:
+        return "n/a"
+    for d in range(6, 13):
+        if target is None or format(v, f".{d}f") != format(target, f".{d}f") or v == target:
+            return format(v, f".{d}f")
+    return format(v, ".12f")
 
 
 # ------------------------------------------------------------------------------------------ inputs

@@ -35,7 +35,7 @@ in flight (:class:`_Ring`; a chunk then carries offsets), those of other nodes t
 Built on Ray core actors, not Ray Data: per-sample ids and failures, writes in input order and the
 retry-once rule are explicit here, and an actor pool of ``map_batches`` would hide them. For a pipeline
 that is already a Ray Dataset, :class:`NpuPredictor` is the same worker as a ``map_batches`` class.
-Ray is an optional dependency: ``pip install 'npu-deploy[ray]'``.
+Ray is an optional dependency: ``pip install '.[ray]'`` in the clone (not on PyPI).
 
 >>> from npu_deploy.distributed import run_batch                           # doctest: +SKIP
 >>> result = run_batch("cls.bundle", "inputs/", npus=2, output="outputs/")  # doctest: +SKIP

@@ -16,7 +16,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-ray = pytest.importorskip("ray", reason="needs Ray: pip install 'npu-deploy[ray]'")
+ray = pytest.importorskip("ray", reason="needs Ray: pip install -e '.[ray]'")
 
 import npu_deploy  # noqa: E402
 from npu_deploy.distributed import BatchResult, run_batch  # noqa: E402
@@ -510,7 +510,7 @@ def test_a_full_output_disk_stops_the_run_with_one_exit_3_error_and_no_partial_f
 # last in the module: after a row raised, Ray Data 2.60 keeps one actor of the pool, and its NPU, until
 # the driver ends (here: the module's cluster shuts down)
 def test_ray_data_map_batches_runs_the_model_row_by_row(cluster, tiny):
-    rd = pytest.importorskip("ray.data", reason="needs Ray Data: pip install 'npu-deploy[ray]'")
+    rd = pytest.importorskip("ray.data", reason="needs Ray Data: pip install -e '.[ray]'")
     from npu_deploy.distributed import NpuPredictor
 
     rd.DataContext.get_current().enable_progress_bars = False

@@ -57,7 +57,7 @@ def _check_nhwc_run(model, bundle, x_nchw):
     with InferenceSession(bundle) as s:
         (meta,) = s.get_inputs()
         n, c, h, w = x_nchw.shape
-        assert (meta.shape, meta.format, meta.device_format) == ((n, h, w, c), "NHWC", "NHWC")
+        assert (meta.shape, meta.format, meta.device_format) == ([n, h, w, c], "NHWC", "NHWC")
         outs = s.run(None, {"x": x_nchw.transpose(0, 2, 3, 1)})
         with pytest.raises(InputError, match="channels-last"):
             s.run(None, {"x": x_nchw})  # NCHW data is refused with a hint, not silently misread
@@ -174,7 +174,7 @@ def test_ndhwc_5d(tmp_path):
     assert (r.plan["transdata"][0]["src_format"], r.plan["transdata"][0]["dst_format"]) == ("NDHWC", "NDC1HWC0")
     x = RNG.standard_normal((1, 3, 4, 5, 6)).astype(np.float32)
     with InferenceSession(bundle) as s:
-        assert s.get_inputs()[0].shape == (1, 4, 5, 6, 3)
+        assert s.get_inputs()[0].shape == [1, 4, 5, 6, 3]
         (y,) = s.run(None, {"x": x.transpose(0, 2, 3, 4, 1)})
     np.testing.assert_allclose(y, _ref(model, {"x": x})[0], rtol=1e-3, atol=1e-4)
 
