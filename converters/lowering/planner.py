@@ -84,7 +84,7 @@ from onnx import helper
 
 from npu_deploy import _thresholds
 from npu_deploy._result import Result
-from npu_deploy.converters.lowering import fusion
+from npu_deploy.converters.lowering import fusion, ops
 from npu_deploy.errors import InputError, InternalError
 
 ND = "ND"
@@ -347,7 +347,8 @@ class PlanState:
     """What the passes read and write: nodes with their current format, tensors, shapes, consumers."""
 
     def __init__(self, loaded, support, *, precision_mode: str, keep_dtype: Sequence[str],
-                 enable_small_channel: bool, input_format: str | None, outer_const: Iterable[str] = ()):
+                 enable_small_channel: bool, input_format: str | None, outer_const: Iterable[str] = (),
+                 soc: str = "Ascend310P3"):
         from npu_deploy.converters.lowering.support import AI_CPU, BUILTIN, constant_tensors
 
         self.loaded = loaded
@@ -355,6 +356,7 @@ class PlanState:
         self.shapes: dict[str, tuple[int, ...]] = dict(loaded.shapes)
         self.dtypes: dict[str, np.dtype] = {k: np.dtype(v) for k, v in loaded.dtypes.items()}
         self.precision_mode = precision_mode
+        self.soc = soc
         self.enable_small_channel = enable_small_channel
         self.input_format = input_format
         formats_by_input, self.notes = host_input_formats(loaded.inputs, input_format)
@@ -617,13 +619,33 @@ class AssignPreferredFormats(Pass):
                 a = state.rank(n.node.input[0])
                 b = state.rank(n.node.input[1]) if len(n.node.input) > 1 else 0
                 if a >= 2 and b >= 2:
-                    fmt, fixed = NZ, True
+                    fmt, why, fixed = _matmul_pick(state, n)
                 else:
                     why = f"{n.node.op_type} with a 1-D operand runs in ND"
             else:
                 fixed = kind == "nd"
             n.fmt, n.why, n.fixed = fmt, why, fixed
         return True
+
+
+def _matmul_pick(state: PlanState, n: _Node) -> tuple[str, str, bool]:
+    """A MatMul/Gemm's first pick, as FE makes it per SoC (docs/ge-rules.md R2, R3): where the MatMul
+    family is ``heavyOp`` (310, 310P, 310B, 910) the format-mode filter keeps FRACTAL_NZ columns only
+    (``KFeFormatModeFilterOp``, default mode NZ); where it is not (910B, 910_93) no seed is planted and the
+    default strategy keeps the origin format ND, which BatchMatMulV2 offers on fix-pipe SoCs or when
+    m, k, n are multiples of 16 (``batch_matmul_v2.py`` op_select_format)."""
+    cann = ops.cann_op(n.node.op_type)
+    if ops.matmul_is_heavy(state.soc):
+        return NZ, (f"{cann} is a heavy op on {ops.soc_family(state.soc) or state.soc} (FE op info heavyOp; "
+                    f"format mode keeps FRACTAL_NZ): the cube reads 16x16 FRACTAL_NZ fractals"), True
+    t = ops.traits(state.soc)
+    a, b = state.shapes.get(n.node.input[0], ()), state.shapes.get(n.node.input[1], ())
+    aligned = len(a) >= 2 and len(b) >= 2 and all(d > 0 and d % 16 == 0 for d in (a[-2], a[-1], b[-1]))
+    if t.fix_pipe or aligned:
+        why = "the fix-pipe offers ND columns" if t.fix_pipe else "m, k, n are multiples of 16"
+        return ND, (f"{cann} is not a heavy op on {ops.soc_family(state.soc)} (FE op info) and {why}: "
+                    f"the default strategy keeps the origin format ND"), False
+    return NZ, f"{cann} on {state.soc}: FRACTAL_NZ only (no ND column for these sizes)", True
 
 
 def _feeds_from_input(state: PlanState, t: str) -> bool:
@@ -1351,7 +1373,7 @@ def plan_bodies(state: PlanState, support, prefix: str = "") -> None:
             sub = PlanState(_BodyModel(state.loaded, body, [t for t in outer if t not in outer_const]),
                             _support_below(support, sub_prefix), precision_mode=state.precision_mode,
                             keep_dtype=(), enable_small_channel=False, input_format=None,
-                            outer_const=outer_const)
+                            outer_const=outer_const, soc=state.soc)
             # the boundary: an outer tensor enters the body as it is stored outside (no conversion at
             # the owner); a body op that wants another format gets its TransData inside the body
             for t in outer:
@@ -1719,7 +1741,7 @@ def plan(loaded, *, soc: str = "Ascend310P3", precision_mode: str | None = None,
     if support is None:
         support = check_support(loaded, soc, precision_mode=precision_mode)
     state = PlanState(loaded, support, precision_mode=precision_mode, keep_dtype=keep_dtype,
-                      enable_small_channel=enable_small_channel, input_format=input_format)
+                      enable_small_channel=enable_small_channel, input_format=input_format, soc=soc)
     _assign_dtypes(state)
 
     passes: list[tuple[str, bool]] = []

@@ -717,3 +717,41 @@ def test_slice_stays_in_nc1hwc0_unless_it_cuts_channels(tmp_path, axis, stays):
     out = tmp_path / "s.bundle"
     npu_deploy.convert(str(path), output=str(out), backend="builtin", precision_mode="must_keep_origin_dtype")
     assert compare(path, out)
+
+
+# ---------------------------------------------------------------------------------------------------
+# per-SoC rules from FE (docs/ge-rules.md): MatMul heavy or not, the fix-pipe's ND columns
+
+def _matmul_chain(tmp_path, m=32, k=64, n=48):
+    """x [m, k] -> MatMul W1 [k, k] -> Relu -> MatMul W2 [k, n] -> y: ND at both ends."""
+    return _load(tmp_path,
+                 [helper.make_node("MatMul", ["x", "w1"], ["a"], name="mm1"),
+                  helper.make_node("Relu", ["a"], ["r"], name="relu"),
+                  helper.make_node("MatMul", ["r", "w2"], ["y"], name="mm2")],
+                 [_vi("x", [m, k])], [_vi("y", [m, n])], [_w("w1", (k, k)), _w("w2", (k, n))])
+
+
+def test_aligned_matmul_chain_nd_on_910b_nz_on_310p3(tmp_path):
+    loaded = _matmul_chain(tmp_path)
+    p310 = _plan(loaded, soc="Ascend310P3")
+    assert _pairs(p310) == [("x", "ND", "FRACTAL_NZ"), ("y", "FRACTAL_NZ", "ND")]
+    assert p310.node_formats["mm1"].input_formats[0] == "FRACTAL_NZ"
+    assert all("heavy op on Ascend310P" in t.reason for t in p310.transdata), [t.reason for t in p310.transdata]
+    for soc in ("Ascend910B", "Ascend910B3", "Ascend910_9391"):
+        p = _plan(loaded, soc=soc)
+        assert p.transdata == [], soc
+        assert p.node_formats["mm1"].input_formats[0] == "ND"
+        assert p.tensor_formats["a"] == "ND" and p.tensor_formats["r"] == "ND"
+    # 310B has the fix-pipe but its MatMuls are heavy ops: the format mode keeps them in NZ
+    assert len(_plan(loaded, soc="Ascend310B4").transdata) == 2
+
+
+def test_soc_family_and_list():
+    from npu_deploy.cli.options import SOCS as CLI_SOCS
+    from npu_deploy.converters.lowering import ops
+
+    assert tuple(CLI_SOCS) == ops.SOCS
+    assert [ops.soc_family(s) for s in ("Ascend910B4", "Ascend910", "Ascend910_9362", "Ascend310B1", "Ascend310")] \
+        == ["Ascend910B", "Ascend910", "Ascend910_93", "Ascend310B", "Ascend310"]
+    assert ops.soc_family("Ascend950") is None
+    assert all(ops.soc_family(s) in ops.SOC_TRAITS for s in ops.SOCS)
