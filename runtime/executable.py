@@ -410,7 +410,7 @@ def build_plan_graph(graph: onnx.ModelProto, manifest: Mapping[str, Any], weight
         src_st = stored[src_buf]
         # a TransData is real: it unpacks its source buffer and packs the destination buffer
         logical = read(t, src_buf, td.get("src_format"), src_st.c0, name, real=True)
-        dst = stored_for(t, td.get("dst_format"), src_st.dtype, None, _plain_origin(td.get("dst_format"),
+        dst = stored_for(t, td.get("dst_format"), src_st.dtype, td.get("c0"), _plain_origin(td.get("dst_format"),
                                                                                   len(src_st.shape)))
         sfx = f"_{len(scopes) - 1}_{id(scopes[-1]) % 100000}" if len(scopes) > 1 else ""
         buf = store(t, logical, dst, name, name=f"{t}__{name}{sfx}", lazy=False)

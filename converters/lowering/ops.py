@@ -70,6 +70,10 @@ def matmul_is_heavy(soc: str) -> bool:
     return traits(soc).heavy_matmul
 
 
+# ONNX ops the cube unit runs (their NC1HWC0 / FRACTAL_Z / FRACTAL_NZ operands follow :func:`cube_c0`)
+CUBE_C0_OPS = frozenset({"Conv", "ConvTranspose", "MatMul", "Gemm"})
+
+
 def cube_c0(soc: str, dtype) -> int:
     """C0 of a cube op's (Conv2D, MatMul) NC1HWC0 / FRACTAL_Z operands: float32 kept in float32 is 8 on
     SoCs with cube high precision (910B, 910_93: captures show Conv inputs ``…×8``, weights FRACTAL_Z

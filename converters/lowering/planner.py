@@ -301,13 +301,17 @@ class TransData:
     dst_bytes: int
     est_us: float | None = None
     reason: str = ""
+    c0: int | None = None    # set only when not the dtype's default (float32 cube operands on 910B: 8)
 
     def to_manifest(self) -> dict:
-        return {"name": self.name, "tensor": self.tensor, "producer": self.producer,
-                "consumers": list(self.consumers), "src_format": self.src_format,
-                "dst_format": self.dst_format, "shape": list(self.shape), "dtype": self.dtype,
-                "bytes": self.bytes, "dst_bytes": self.dst_bytes, "est_us": self.est_us,
-                "onnx_nodes": [n for n in [self.producer, *self.consumers] if n], "reason": self.reason}
+        d = {"name": self.name, "tensor": self.tensor, "producer": self.producer,
+             "consumers": list(self.consumers), "src_format": self.src_format,
+             "dst_format": self.dst_format, "shape": list(self.shape), "dtype": self.dtype,
+             "bytes": self.bytes, "dst_bytes": self.dst_bytes, "est_us": self.est_us,
+             "onnx_nodes": [n for n in [self.producer, *self.consumers] if n], "reason": self.reason}
+        if self.c0 is not None:
+            d["c0"] = self.c0
+        return d
 
 
 @dataclasses.dataclass
@@ -506,7 +510,34 @@ class PlanState:
         dt = self.device_dtype(t)
         if is_plain(fmt):
             return _numel(shape) * dt.itemsize
-        return _format_nbytes(fmt, tuple(shape), dt)
+        return _format_nbytes(fmt, tuple(shape), dt, self.cube_c0(t, fmt))
+
+    def cube_c0(self, t: str, fmt: str) -> int | None:
+        """The C0 ``t`` is stored with in blocked ``fmt`` when it is not the dtype's default: float32
+        operands of a cube op on a SoC with cube high precision (C0 = 8 on 910B, docs/ge-rules.md R7);
+        None otherwise (the default C0)."""
+        if is_plain(fmt) or fmt == C04 or self.device_dtype(t) != np.float32:
+            return None
+        c0 = ops.cube_c0(self.soc, np.float32)
+        if c0 == formats_default_c0(np.float32):
+            return None
+        p = self.producer.get(t)
+        prod = self.nodes[p[0]] if p else None
+        if prod is not None and not prod.folded and prod.fmt == fmt:
+            # stored as its producer writes it
+            return c0 if prod.node.op_type in ops.CUBE_C0_OPS else None
+        # converted for its readers (a TransData's destination): as the cube reader reads it
+        readers = [self.nodes[k] for k, _ in self.consumers.get(t, [])]
+        cube = any(n.node.op_type in ops.CUBE_C0_OPS and not n.folded and n.fmt == fmt
+                   and np.dtype(n.dtype) == np.float32 for n in readers)
+        return c0 if cube else None
+
+    def node_c0(self, n: "_Node") -> int | None:
+        """The C0 node ``n`` computes with (``NodeFormats.c0``)."""
+        dt = np.dtype(n.dtype)
+        if n.node.op_type in ops.CUBE_C0_OPS and dt == np.float32 and not is_plain(n.fmt) and n.fmt != C04:
+            return ops.cube_c0(self.soc, dt)
+        return _c0_for(n.fmt, dt)
 
     def device_dtype(self, t: str) -> np.dtype:
         """The dtype ``t`` has on the device (its producer's compute dtype for float32 tensors).
@@ -538,11 +569,17 @@ def _numel(shape: Sequence[int]) -> int:
 
 
 @functools.lru_cache(maxsize=4096)
-def _format_nbytes(fmt: str, shape: tuple[int, ...], dt: np.dtype) -> int:
+def formats_default_c0(dtype) -> int:
+    from npu_deploy.converters import formats
+
+    return formats.default_c0(dtype)
+
+
+def _format_nbytes(fmt: str, shape: tuple[int, ...], dt: np.dtype, c0: int | None = None) -> int:
     from npu_deploy.converters import formats
 
     try:
-        return int(formats.nbytes(fmt, view_shape(fmt, shape), dt, c0=_c0_for(fmt, dt)))
+        return int(formats.nbytes(fmt, view_shape(fmt, shape), dt, c0=c0 or _c0_for(fmt, dt)))
     except Exception:  # a shape the format cannot hold: counted as stored plainly
         return _numel(shape) * dt.itemsize
 
@@ -1207,7 +1244,8 @@ def insert_transdata(state: PlanState, *, shared: bool = True, naive: bool = Fal
                 name=f"trans_TransData_{len(out)}", tensor=t, producer=prod.node.name if prod else None,
                 consumers=[c if c is not None else "<graph output>" for c in consumers],
                 src_format=src_name, dst_format=dst_name, shape=shape, dtype=state.device_dtype(t).name,
-                bytes=state.storage_bytes(t, src), dst_bytes=state.storage_bytes(t, dst))
+                bytes=state.storage_bytes(t, src), dst_bytes=state.storage_bytes(t, dst),
+                c0=state.cube_c0(t, dst if not is_plain(dst) else src))
             td.reason = ("naive plan: every boundary converts, once per consumer" if naive
                          else _reason(state, td, prod, consumers, src, dst))
             out.append(td)
@@ -1498,7 +1536,8 @@ def _plan_weights(state: PlanState) -> list[PackedWeight]:
             continue  # used in two layouts, or also by another op: keep the plain constant
         fmt, shape, groups, origin, dtname = specs.pop()
         dt = np.dtype(dtname)
-        c0 = 4 if fmt == "FRACTAL_Z_C04" else formats.default_c0(dt)
+        cube = all(n.node.op_type in ops.CUBE_C0_OPS for n, _ in uses)
+        c0 = 4 if fmt == "FRACTAL_Z_C04" else (ops.cube_c0(state.soc, dt) if cube else formats.default_c0(dt))
         try:
             nbytes = formats.nbytes(fmt, shape, dt, c0=c0 if fmt != "FRACTAL_Z_C04" else None,
                                     groups=groups, origin=origin)
@@ -1749,6 +1788,7 @@ def plan(loaded, *, soc: str = "Ascend310P3", precision_mode: str | None = None,
     naive = insert_transdata(state, naive=True)
     for cls in PIPELINE[1:]:
         passes.append((cls.name, cls().run(state)))
+    state._bytes_cache.clear()   # sizes depend on the final formats (C0 of float32 cube operands)
     transdata = insert_transdata(state, shared=True)
     weights = _plan_weights(state)
     node_formats = _node_formats(state, weights)
@@ -1819,8 +1859,8 @@ def _tensor_plans(state: PlanState, tensor_formats: dict[str, str], tensor_dtype
                     shape[j] for j in _host_perm(fmt, HOST_LAYOUTS[fmt][0]))
             else:
                 try:
-                    storage = tuple(formats.storage_shape(fmt, shape, dt))
-                    c0 = formats.resolve_c0(fmt, dt)
+                    c0 = formats.resolve_c0(fmt, dt, state.cube_c0(t, fmt) if t in state.shapes else None)
+                    storage = tuple(formats.storage_shape(fmt, shape, dt, c0=c0))
                 except Exception:  # a shape the format cannot hold: reported without a storage shape
                     storage = None
         nbytes = int(np.prod(storage, dtype=np.int64)) * dt.itemsize if storage is not None else 0
@@ -1876,7 +1916,7 @@ def _node_formats(state: PlanState, weights: list[PackedWeight]) -> dict[str, No
                 ins.append(display_format(f, state.rank(t)))
         outs = [display_format(output_format(n.fmt), state.rank(o)) for o in n.node.output]
         dt = np.dtype(n.dtype)
-        out[n.node.name] = NodeFormats(n.node.op_type, n.engine, ins, outs, n.dtype, _c0_for(n.fmt, dt),
+        out[n.node.name] = NodeFormats(n.node.op_type, n.engine, ins, outs, n.dtype, state.node_c0(n),
                                        n.folded, n.why)
     return out
 
@@ -2047,6 +2087,23 @@ def _subgraphs(node: onnx.NodeProto) -> list[onnx.GraphProto]:
     return graphs
 
 
+def _c0_boundaries(state: PlanState) -> list[str]:
+    """Float32 tensors in a blocked format written with one C0 and read with the other: a cube op's C0 = 8
+    read by a vector op (C0 = 16), or the reverse."""
+    if ops.cube_c0(state.soc, np.float32) == formats_default_c0(np.float32):
+        return []
+    out = []
+    for t, (k, _) in state.producer.items():
+        prod = state.nodes[k]
+        if prod.folded or is_plain(prod.fmt) or state.device_dtype(t) != np.float32:
+            continue
+        cube = prod.node.op_type in ops.CUBE_C0_OPS
+        if any((state.nodes[c].node.op_type in ops.CUBE_C0_OPS) != cube and state.nodes[c].fmt == prod.fmt
+               for c, _ in state.consumers.get(t, [])):
+            out.append(t)
+    return out
+
+
 def _report(loaded, state, soc, precision_mode, support, naive, transdata, weights, mem, cost) -> PlanReport:
     formats_count: dict[str, int] = {}
     folded = planned = 0
@@ -2060,6 +2117,12 @@ def _report(loaded, state, soc, precision_mode, support, naive, transdata, weigh
             formats_count[key] = formats_count.get(key, 0) + 1
     notes = list(getattr(loaded, "warnings", ()))  # what loading worked around (onnx_model.load_model)
     notes += state.notes  # inputs --input-format does not apply to
+    mixed = _c0_boundaries(state)
+    if mixed:
+        notes.append(f"{len(mixed)} float32 tensor(s) pass between a cube op (C0 = 8) and a vector op (C0 = 16) "
+                     f"in the same blocked format (e.g. {_names(mixed, 2)}): on the device these are two formats "
+                     "(C0 sits in the format's high bits), converted through NCHW; the plan stores them with "
+                     "the producer's C0 and plans no TransData for the change (docs/ge-rules.md R7)")
     differences = atc_differences(state)
     if state.bodies:
         notes.append(f"{len(all_bodies(state))} If/Loop/Scan bodies planned (outer tensors enter as stored, "

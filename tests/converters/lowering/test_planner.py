@@ -755,3 +755,42 @@ def test_soc_family_and_list():
         == ["Ascend910B", "Ascend910", "Ascend910_93", "Ascend310B", "Ascend310"]
     assert ops.soc_family("Ascend950") is None
     assert all(ops.soc_family(s) in ops.SOC_TRAITS for s in ops.SOCS)
+
+
+# ---------------------------------------------------------------------------------------------------
+# C0 = 8 for float32 cube operands on 910B (cube high precision; real torch_npu captures on Atlas A2)
+
+def _alexnet_conv1(tmp_path, n=32):
+    """The first AlexNet conv of the 910B captures: x [32,3,224,224] float32, w [64,3,11,11]."""
+    return _load(tmp_path,
+                 [helper.make_node("Conv", ["x", "w"], ["c"], name="conv", strides=[4, 4], pads=[2, 2, 2, 2]),
+                  helper.make_node("Relu", ["c"], ["r"], name="relu")],
+                 [_vi("x", [n, 3, 224, 224])], [_vi("r", [n, 64, 55, 55])], [_w("w", (64, 3, 11, 11))])
+
+
+def test_fp32_conv_on_910b_stores_c0_8(tmp_path):
+    loaded = _alexnet_conv1(tmp_path)
+    p = _plan(loaded, soc="Ascend910B", precision_mode="must_keep_origin_dtype")
+    td = next(t for t in p.transdata if t.tensor == "x")
+    # the capture: TransData NCHW 32x3x224x224 -> NC1HWC0 wrote 32x1x224x224x8 float32
+    assert td.dst_bytes == 32 * 1 * 224 * 224 * 8 * 4 == 51_380_224 and td.to_manifest()["c0"] == 8
+    w = next(w for w in p.weights if w.name == "w")
+    assert (w.format, w.c0, w.nbytes) == ("FRACTAL_Z", 8, 121 * 4 * 16 * 8 * 4)   # capture: 121x4x16x8
+    assert p.node_formats["conv"].c0 == 8 and p.node_formats["relu"].c0 == 16
+    assert p.tensors["c"].storage_shape == (32, 8, 55, 55, 8)
+    assert any("C0 = 8" in note and "ge-rules.md" in note for note in p.report.notes)
+    # the same model elsewhere, or in float16: C0 = 16
+    for soc, mode in (("Ascend310P3", "must_keep_origin_dtype"), ("Ascend910B", "force_fp16")):
+        q = _plan(loaded, soc=soc, precision_mode=mode)
+        assert q.node_formats["conv"].c0 == 16 and all(w.c0 == 16 for w in q.weights)
+        assert "c0" not in next(t for t in q.transdata if t.tensor == "x").to_manifest()
+
+
+def test_fp32_conv_on_910b_emulator_matches_onnxruntime(tmp_path, run_cli):
+    loaded = _alexnet_conv1(tmp_path, n=2)
+    bundle = tmp_path / "m.bundle"
+    code, _, err = run_cli("convert", loaded.path, "--backend", "builtin", "--soc", "Ascend910B",
+                           "--precision-mode", "must_keep_origin_dtype", "-o", bundle)
+    assert code == 0, err
+    code, out, err = run_cli("compare", loaded.path, bundle)
+    assert code == 0 and "PASS" in out, out + err
