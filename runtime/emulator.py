@@ -48,15 +48,16 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from npu_deploy.converters.lowering import ops as optable
 from npu_deploy.errors import BundleError, InputError, ModelError
 from npu_deploy.runtime.backend import Backend, Gear, TensorMeta
 
 _LOW_PRECISION = {"float16": TensorProto.FLOAT16, "bfloat16": TensorProto.BFLOAT16}
-_FP16_MODES = ("force_fp16", "allow_fp32_to_fp16", "allow_mix_precision")
+_FP16_MODES = optable.FP16_MODES
 _PLAIN_4D = ("NCHW", "NHWC", "HWCN", "CHWN")
 _PLAIN_5D = ("NCDHW", "NDHWC", "DHWCN")
 _MAX_PROFILED_RUNS = 100_000
-_VIEW_OPS = ("Reshape", "Squeeze", "Unsqueeze", "Flatten", "Identity")
+_VIEW_OPS = optable.VIEW_OPS
 
 # msprof's data type spelling in op_summary (see reference/msprof.md §2/§3)
 _MSPROF_DTYPE = {"float32": "FLOAT", "float16": "FLOAT16", "bfloat16": "DT_BF16", "float64": "DOUBLE",
@@ -711,7 +712,7 @@ def profile_rows(manifest: dict[str, Any], model: onnx.ModelProto | None) -> lis
         consumers = [order[n] for n in (td.get("consumers") or []) if n in order]
         idx = [min(consumers)] if consumers else [order[n] for n in (td.get("onnx_nodes") or []) if n in order]
         (before.setdefault(max(idx), []) if idx else tail).append(td)
-    trans_type = "AI_VECTOR_CORE" if soc.startswith("Ascend910B") else "AI_CORE"
+    trans_type = "AI_VECTOR_CORE" if optable.soc_family(soc) == "Ascend910B" else "AI_CORE"
 
     def td_row(td: dict) -> dict:
         dt = str(td.get("dtype") or "float16")

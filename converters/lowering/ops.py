@@ -70,6 +70,15 @@ def matmul_is_heavy(soc: str) -> bool:
     return traits(soc).heavy_matmul
 
 
+# Precision modes the built-in planner takes (ATC --precision_mode), and those that compute in float16
+# somewhere (float32 inputs are rounded; compare's tolerances are the float16 ones).
+PRECISION_MODES = ("force_fp16", "allow_fp32_to_fp16", "must_keep_origin_dtype", "allow_mix_precision")
+FP16_MODES = ("force_fp16", "allow_fp32_to_fp16", "allow_mix_precision")
+
+# ONNX ops that only re-view their input's data (no kernel of their own on the device; ATC folds them
+# into a neighbouring TransData or drops them).
+VIEW_OPS = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity"})
+
 # ONNX ops the cube unit runs (their NC1HWC0 / FRACTAL_Z / FRACTAL_NZ operands follow :func:`cube_c0`)
 CUBE_C0_OPS = frozenset({"Conv", "ConvTranspose", "MatMul", "Gemm"})
 

@@ -99,7 +99,7 @@ HOST_LAYOUTS: dict[str, tuple[str, int]] = {"NHWC": ("NCHW", 4), "NDHWC": ("NCDH
 # --input-format values and the input rank each applies to (None: any rank).
 INPUT_FORMAT_RANKS: dict[str, int | None] = {"NCHW": 4, "NHWC": 4, "NCDHW": 5, "NDHWC": 5, "ND": None}
 
-PRECISION_MODES = ("force_fp16", "allow_fp32_to_fp16", "must_keep_origin_dtype", "allow_mix_precision")
+PRECISION_MODES = ops.PRECISION_MODES
 FORMATTRANS_THRESHOLD_PCT = _thresholds.FORMATTRANS_THRESHOLD_PCT
 
 # Ops kept in float32 under allow_mix_precision (numerically sensitive: reductions, exponentials,
@@ -647,9 +647,11 @@ class AssignPreferredFormats(Pass):
                 if (fmt == NC1HWC0 and n.node.op_type == "Conv" and state.enable_small_channel
                         and not first_conv_done and r == 4 and _feeds_from_input(state, data)):
                     w = state.shapes.get(n.node.input[1], ())
-                    if len(w) == 4 and w[1] <= 4 and int(_attr(n.node, "group", 1)) == 1:
+                    if (len(w) == 4 and w[1] <= 4 and w[2] > 1 and w[3] > 1
+                            and int(_attr(n.node, "group", 1)) == 1):
                         fmt, n.c0_weight = C04, True
-                        why = "first conv with <= 4 input channels (--enable-small-channel): NC1HWC0_C04"
+                        why = ("first conv with Cin <= 4, kh and kw > 1, groups = 1 (--enable-small-channel; "
+                               "Conv2D op_select_format adds FRACTAL_Z_C04, ge-rules.md R6): NC1HWC0_C04")
                 if n.node.op_type == "Conv":
                     first_conv_done = True
             elif kind == "matmul":

@@ -63,7 +63,7 @@ from typing import ClassVar, Iterable, Mapping
 from npu_deploy._result import Result
 from npu_deploy._text import printable
 from npu_deploy.converters import formats
-from npu_deploy.converters.lowering import planner
+from npu_deploy.converters.lowering import ops as optable, planner
 from npu_deploy.converters.files import om as omfile
 from npu_deploy.converters.files.onnx_model import load_model
 from npu_deploy.errors import InputError, ModelError, OmError
@@ -72,7 +72,7 @@ AGREED, PLANNED_ONLY, ATC_ONLY = "agreed", "planned only", "ATC only"
 # ONNX ops that only re-view the data: ATC folds them into a neighbouring TransData (a3c_pong's
 # trans_TransData_13 converts NHWC [1,4,4,32] to FRACTAL_NZ [1,512], the Reshape gone), so the same
 # conversion may sit on the view's input in the .om and on its output in the plan.
-VIEW_OPS = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze"})
+VIEW_OPS = optable.VIEW_OPS
 MAX_WALK = 64          # ops ATC inserted back to back; a longer chain is a cycle or a corrupt file
 _CMDLINE_PRECISION = re.compile(r"--precision_mode[= ]([A-Za-z0-9_]+)")
 

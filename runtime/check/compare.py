@@ -42,6 +42,7 @@ from npu_deploy._io import atomic_path, load_npz
 from npu_deploy._result import Result
 from npu_deploy._text import printable
 from npu_deploy.converters.lowering import aipp as aippmod
+from npu_deploy.converters.lowering import ops
 from npu_deploy.errors import InputError, ModelError
 from npu_deploy.runtime.backend import ORT_TYPES, TensorMeta
 
@@ -595,8 +596,7 @@ def compare(reference_onnx: str | os.PathLike, target: Any, *,
     sess, owned = _open_target(target, backend=backend, device_id=device_id)
     try:
         precision = getattr(sess, "precision_mode", None) or "must_keep_origin_dtype"
-        defaults = FP16_TOLERANCE if precision in ("force_fp16", "allow_fp32_to_fp16",
-                                                    "allow_mix_precision") else FP32_TOLERANCE
+        defaults = FP16_TOLERANCE if precision in ops.FP16_MODES else FP32_TOLERANCE
         user_atol, user_rtol = atol, rtol
         if cosine_min is None:
             cosine_min = defaults["cosine_min"]

@@ -794,3 +794,12 @@ def test_fp32_conv_on_910b_emulator_matches_onnxruntime(tmp_path, run_cli):
     assert code == 0, err
     code, out, err = run_cli("compare", loaded.path, bundle)
     assert code == 0 and "PASS" in out, out + err
+
+
+def test_small_channel_needs_a_spatial_kernel(tmp_path):
+    """Conv2D's op_select_format adds FRACTAL_Z_C04 only for kh, kw > 1: a 1x1 first conv stays FRACTAL_Z."""
+    m = _load(tmp_path, [helper.make_node("Conv", ["x", "w1"], ["y"], name="c1")],
+              [_vi("x", [1, 3, 8, 8])], [_vi("y", [1, 16, 8, 8])], [_w("w1", (16, 3, 1, 1))])
+    p = _plan(m, enable_small_channel=True)
+    assert {w.name: w.format for w in p.weights}["w1"] == "FRACTAL_Z"
+    assert p.node_formats["c1"].input_formats[0] == "NC1HWC0"
