@@ -85,6 +85,7 @@ from onnx import helper
 from npu_deploy import _thresholds
 from npu_deploy._result import Result
 from npu_deploy.converters.lowering import fusion, ops
+from npu_deploy.converters.lowering.contracts import Step, run_steps
 from npu_deploy.errors import InputError, InternalError
 
 ND = "ND"
@@ -342,6 +343,7 @@ class _Node:
     fmt: str = ND
     why: str = ""
     fixed: bool = False  # the format is the kernel's (cannot move to another format)
+    first: str | None = None  # the first pick (assign-preferred-formats)
     dtype: str = "float32"
     c0_weight: bool = False  # first conv with small-channel input (C04)
     fp16_only: bool = False  # its AI Core kernel takes float16 but not float32 (op-info)
@@ -609,22 +611,47 @@ def view_shape(fmt: str, shape: Sequence[int]) -> tuple[int, ...]:
 # ------------------------------------------------------------------------------------------------
 
 class Pass:
-    """A graph pass over a :class:`PlanState`. ``run`` returns True when it changed anything."""
+    """A graph pass over a :class:`PlanState`. ``run`` returns True when it changed anything;
+    ``requires`` are the state attributes it reads (set before it runs), ``check`` its guarantee,
+    executed after it ran (:func:`~npu_deploy.converters.lowering.contracts.run_steps`)."""
 
     name: ClassVar[str] = "pass"
-    requires: ClassVar[str] = ""
-    guarantees: ClassVar[str] = ""
+    requires: ClassVar[tuple[str, ...]] = ("nodes", "shapes")
 
     def run(self, state: PlanState) -> bool:  # pragma: no cover - interface
         raise NotImplementedError
+
+    def check(self, state: PlanState) -> None:
+        """Every node has a format with a reason, and no node the kernel fixes has moved."""
+        for n in state.nodes:
+            if not n.fmt or not n.why:
+                raise InternalError(f"planner: after {self.name}, node {n.node.name} has no format or no reason")
+            if n.fixed and n.first is not None and n.fmt != n.first:
+                raise InternalError(f"planner: {self.name} moved {n.node.name}, whose kernel fixes {n.first}, "
+                                    f"to {n.fmt}")
+
+    @classmethod
+    def step(cls, log: list[tuple[str, bool]] | None = None) -> Step:
+        """This pass as a :class:`~npu_deploy.converters.lowering.contracts.Step` (``log`` collects
+        ``(name, changed)``)."""
+        p = cls()
+
+        def run(state: PlanState) -> None:
+            changed = p.run(state)
+            if log is not None:
+                log.append((cls.name, changed))
+        return Step(cls.name, cls.requires, (), run, p.check)
+
+
+def run_passes(state: PlanState, passes: Sequence[type[Pass]], log: list[tuple[str, bool]] | None = None) -> None:
+    """Run planner passes through the one pass framework (their contracts are checked)."""
+    run_steps([cls.step(log) for cls in passes], state)
 
 
 class AssignPreferredFormats(Pass):
     """Every node gets its kernel's preferred format (format-agnostic ones: ND)."""
 
     name = "assign-preferred-formats"
-    requires = "shapes inferred for every tensor; engines known"
-    guarantees = "every node has a format; the TransData it implies is the naive plan"
 
     def run(self, state: PlanState) -> bool:
         first_conv_done = False
@@ -663,7 +690,7 @@ class AssignPreferredFormats(Pass):
                     why = f"{n.node.op_type} with a 1-D operand runs in ND"
             else:
                 fixed = kind == "nd"
-            n.fmt, n.why, n.fixed = fmt, why, fixed
+            n.fmt, n.why, n.fixed, n.first = fmt, why, fixed, fmt
         return True
 
 
@@ -1033,8 +1060,6 @@ class PropagateFormats(Pass):
     """Format-agnostic nodes take the format of a producer when the node's check allows it."""
 
     name = "propagate-formats"
-    requires = "every node has a format (assign-preferred-formats)"
-    guarantees = "flexible nodes run in a producer's blocked format wherever their check allows"
 
     def run(self, state: PlanState) -> bool:
         changed = False
@@ -1191,8 +1216,6 @@ class CancelRoundTrips(Pass):
     """Apply :data:`CANCEL_RULES` until no rule removes a conversion."""
 
     name = "cancel-round-trips"
-    requires = "formats propagated"
-    guarantees = "no flexible node or chain has an X→Y→X conversion pair that moving it to X would remove"
 
     def run(self, state: PlanState) -> bool:
         # Each accepted move lowers (conversions, bytes) on the tensors touching the moved nodes, which
@@ -1420,10 +1443,9 @@ def plan_bodies(state: PlanState, support, prefix: str = "") -> None:
                 if t not in outer_const and state.is_activation(t):
                     sub.host_formats[t] = state.tensor_format(t)
             _assign_dtypes(sub)
-            AssignPreferredFormats().run(sub)
+            run_passes(sub, PIPELINE[:1])
             naive = insert_transdata(sub, naive=True)
-            for cls in PIPELINE[1:]:
-                cls().run(sub)
+            run_passes(sub, PIPELINE[1:])
             transdata = insert_transdata(sub, shared=True)
             verify_plan(sub, transdata, _node_formats(sub, []), [])
             plan_bodies(sub, support, sub_prefix)
@@ -1786,10 +1808,9 @@ def plan(loaded, *, soc: str = "Ascend310P3", precision_mode: str | None = None,
     _assign_dtypes(state)
 
     passes: list[tuple[str, bool]] = []
-    AssignPreferredFormats().run(state)
+    run_passes(state, PIPELINE[:1])
     naive = insert_transdata(state, naive=True)
-    for cls in PIPELINE[1:]:
-        passes.append((cls.name, cls().run(state)))
+    run_passes(state, PIPELINE[1:], passes)
     state._bytes_cache.clear()   # sizes depend on the final formats (C0 of float32 cube operands)
     transdata = insert_transdata(state, shared=True)
     weights = _plan_weights(state)

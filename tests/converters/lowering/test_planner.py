@@ -239,9 +239,29 @@ def test_report_serialises(tmp_path):
     assert r.top_conversions(1)[0]["est_us"] == max(t["est_us"] for t in r.transdata)
 
 
-def test_pipeline_passes_state_contracts():
+def test_pipeline_passes_state_contracts(tmp_path):
+    from npu_deploy.converters.lowering.planner import PlanState, run_passes
+    from npu_deploy.converters.lowering.support import check_support
+    from npu_deploy.errors import InternalError
+
     for cls in PIPELINE:
-        assert cls.requires and cls.guarantees and cls.name
+        assert cls.name and cls.requires
+    # the contracts are executed: a pass that moves a node its kernel fixes is caught
+    loaded = _load(tmp_path, [helper.make_node("Conv", ["x", "w"], ["y"], name="c")],
+                   [_vi("x", [1, 3, 8, 8])], [_vi("y", [1, 16, 6, 6])], [_w("w", (16, 3, 3, 3))])
+    state = PlanState(loaded, check_support(loaded, "Ascend310P3"), precision_mode="force_fp16", keep_dtype=(),
+                      enable_small_channel=False, input_format=None)
+    run_passes(state, PIPELINE)
+    assert state.by_name["c"].fmt == "NC1HWC0"
+
+    class Breaks(PIPELINE[1]):
+        name = "breaks"
+
+        def run(self, state):
+            state.by_name["c"].fmt = "ND"
+            return True
+    with pytest.raises(InternalError, match="breaks moved c"):
+        run_passes(state, [Breaks])
     # the table is data: every rule kind is one the planner knows
     kinds = {"5hd", "matmul", "follow", "lastaxis", "view", "concat", "reduce", "slice", "nd"}
     assert {r.kind for r in FORMAT_RULES.values()} <= kinds
