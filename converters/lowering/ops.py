@@ -79,6 +79,24 @@ FP16_MODES = ("force_fp16", "allow_fp32_to_fp16", "allow_mix_precision")
 # into a neighbouring TransData or drops them).
 VIEW_OPS = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity"})
 
+# Elementwise ops by their fusion class: the vector unit runs them on any layout, element by element
+# (their attributes name no axis), and ATC fuses them into their producer (``fusion.fused_tensors``).
+UNARY_ELEMENTWISE = frozenset({
+    "Relu", "Sigmoid", "Tanh", "Abs", "Neg", "Exp", "Log", "Sqrt", "Reciprocal", "Erf", "LeakyRelu",
+    "Elu", "Selu", "Celu", "HardSigmoid", "HardSwish", "Softplus", "Softsign", "Floor", "Ceil", "Round",
+    "Sign", "Gelu", "Mish", "Identity", "Clip", "ThresholdedRelu", "Sin", "Cos",
+})
+BINARY_ELEMENTWISE = frozenset({"Add", "Sub", "Mul", "Div", "Max", "Min", "Pow", "PRelu", "Sum"})
+# Format behaviour "follow" (FE's format-agnostic and broadcast ops): they run in their producer's
+# format; FRACTAL_NZ when the other operands are (M, N), (1, N) or scalar (the planner's broadcast check).
+FORMAT_AGNOSTIC = frozenset({
+    "Add", "Sub", "Mul", "Div", "Pow", "Max", "Min", "Sum", "Mean", "Relu", "Sigmoid", "Tanh", "Clip",
+    "HardSigmoid", "HardSwish", "LeakyRelu", "PRelu", "Elu", "Selu", "Celu", "Gelu", "Erf", "Exp", "Log",
+    "Sqrt", "Reciprocal", "Neg", "Abs", "Floor", "Ceil", "Round", "Sign", "Softplus", "Softsign", "Mish",
+    "ThresholdedRelu", "Sin", "Cos", "Cast", "Where", "Equal", "Less", "Greater", "LessOrEqual",
+    "GreaterOrEqual", "And", "Or", "Xor", "Not", "IsNaN", "IsInf", "Shrink", "Trilu",
+})
+
 # ONNX ops the cube unit runs (their NC1HWC0 / FRACTAL_Z / FRACTAL_NZ operands follow :func:`cube_c0`)
 CUBE_C0_OPS = frozenset({"Conv", "ConvTranspose", "MatMul", "Gemm"})
 

@@ -111,14 +111,7 @@ FORMAT_RULES: dict[str, FormatRule] = {
     "Slice": FormatRule("slice", note="StridedSliceD: in NC1HWC0 (NDC1HWC0) when it slices N and spatial axes "
                                       "only, in FRACTAL_NZ when it slices outer axes only; else ND"),
 }
-_FOLLOW_OPS = {
-    "Add", "Sub", "Mul", "Div", "Pow", "Max", "Min", "Sum", "Mean", "Relu", "Sigmoid", "Tanh", "Clip",
-    "HardSigmoid", "HardSwish", "LeakyRelu", "PRelu", "Elu", "Selu", "Celu", "Gelu", "Erf", "Exp", "Log",
-    "Sqrt", "Reciprocal", "Neg", "Abs", "Floor", "Ceil", "Round", "Sign", "Softplus", "Softsign", "Mish",
-    "ThresholdedRelu", "Sin", "Cos", "Cast", "Where", "Equal", "Less", "Greater", "LessOrEqual",
-    "GreaterOrEqual", "And", "Or", "Xor", "Not", "IsNaN", "IsInf", "Shrink", "Trilu",
-}
-for _op in _FOLLOW_OPS:
+for _op in sorted(ops.FORMAT_AGNOSTIC):
     FORMAT_RULES.setdefault(_op, FormatRule("follow", note="elementwise: runs in its producer's format; in "
                                                   "FRACTAL_NZ when other operands are (M, N), (1, N) or scalar"))
 _ND_RULE = FormatRule("nd", note="needs ND (its kernel indexes the logical layout)")
