@@ -48,6 +48,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from npu_deploy.converters.formats.graph import axis_perm
 from npu_deploy.converters.lowering import ops as optable
 from npu_deploy.errors import BundleError, InputError, ModelError
 from npu_deploy.runtime.backend import Backend, Gear, TensorMeta
@@ -104,7 +105,7 @@ class _Transfer:
                 raise BundleError(f"input {name!r}: host format {self.host_format} cannot be read as graph "
                                   f"format {graph}", hint="re-convert the model")
             self.graph_format = graph
-            self.perm = tuple(host.index(a) for a in graph)  # graph axis k is host axis perm[k]
+            self.perm = axis_perm(host, graph)  # graph axis k is host axis perm[k]
 
     def _kw(self) -> dict[str, Any]:
         kw: dict[str, Any] = {}

@@ -79,6 +79,7 @@ from typing import Any, Sequence
 import numpy as np
 import onnx
 
+from npu_deploy.converters.formats.graph import axis_perm
 from npu_deploy.converters.lowering import fusion, ops
 # the planner's parts; their public names are re-exported here (importers use planner.X)
 from npu_deploy.converters.lowering.plan_passes import (  # noqa: F401
@@ -155,7 +156,7 @@ def plan(loaded, *, soc: str = "Ascend310P3", precision_mode: str | None = None,
 
 def _host_perm(host: str, graph: str) -> list[int]:
     """Axis ``k`` of the host (channels-last) array is axis ``perm[k]`` of the graph's array."""
-    return [graph.index(a) for a in host]
+    return list(axis_perm(graph, host))
 
 
 def _host_gears(loaded, host_formats: dict[str, str]) -> list[dict[str, list[int]]]:

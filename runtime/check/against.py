@@ -63,6 +63,7 @@ from typing import ClassVar, Iterable, Mapping
 from npu_deploy._result import Result
 from npu_deploy._text import printable
 from npu_deploy.converters import formats
+from npu_deploy.converters.formats.graph import same_format
 from npu_deploy.converters.lowering import ops as optable, planner
 from npu_deploy.converters.files import om as omfile
 from npu_deploy.converters.files.onnx_model import load_model
@@ -569,12 +570,10 @@ def _through_views(a: str, b: str, views: dict[str, str]) -> bool:
     return False
 
 
-_PLAIN_NAMES = frozenset({planner.plain_name(r) for r in range(8)})
-
-
 def _same_format(x: str, y: str) -> bool:
-    """Equal, or both plain (a view op changes the rank, so NCHW on one side may be ND on the other)."""
-    return x == y or (x in _PLAIN_NAMES and y in _PLAIN_NAMES)
+    """Equal, or both plain (a view op changes the rank, so NCHW on one side may be ND on the other):
+    the one "same layout" predicate, :func:`~npu_deploy.converters.formats.graph.same_format`."""
+    return same_format(x, y)
 
 
 def _pair_across_views(diff: list[DiffEntry], views: dict[str, str]) -> list[DiffEntry]:

@@ -41,6 +41,7 @@ import numpy as np
 from npu_deploy._io import atomic_path, load_npz
 from npu_deploy._result import Result
 from npu_deploy._text import printable
+from npu_deploy.converters.formats.graph import axis_perm
 from npu_deploy.converters.lowering import aipp as aippmod
 from npu_deploy.converters.lowering import ops
 from npu_deploy.errors import InputError, ModelError
@@ -528,7 +529,7 @@ def _ort_dtype(t: str) -> np.dtype:
     return np.dtype(ORT_TYPES[t])
 
 
-_CHANNEL_FIRST = {"NHWC": (0, 3, 1, 2), "NDHWC": (0, 4, 1, 2, 3)}
+_CHANNEL_FIRST = {h: axis_perm(h, g) for h, g in (("NHWC", "NCHW"), ("NDHWC", "NCDHW"))}
 
 
 def _open_target(target: Any, *, backend: str, device_id: int):
