@@ -713,7 +713,7 @@ def _reason(state: PlanState, td: TransData, prod: _Node | None, consumers, src:
         why = state.explanations.get((prod.node.name, dst))
         if why:
             parts.append(f"{prod.node.name} cannot produce {td.dst_format}: {why}")
-    return "; ".join(parts)
+    return "; ".join(parts) + " (a TransData where the two ends' formats differ, ge-rules R8)"
 
 
 def verify_plan(state: PlanState, transdata: list[TransData], node_formats: dict[str, NodeFormats] | None = None,

@@ -69,12 +69,14 @@ class FormatRule:
     note: str = ""
 
 
-_5HD_NOTE = "its AI Core kernel reads activations in NC1HWC0"
+_5HD_NOTE = "its AI Core kernel reads activations in NC1HWC0 (op info: NC1HWC0 only, ge-rules R16)"
 _REDUCE_NOTE = ("{}: in NC1HWC0 (NDC1HWC0) when it reduces spatial axes only, in FRACTAL_NZ when it reduces "
                 "outer axes only, keeping dims; other reductions run in ND")
 FORMAT_RULES: dict[str, FormatRule] = {
-    "Conv": FormatRule("5hd", (0,), 1, "Conv2D/Conv3D: NC1HWC0 (NDC1HWC0) activations, FRACTAL_Z weight"),
-    "ConvTranspose": FormatRule("5hd", (0,), 1, "Conv2DTranspose: NC1HWC0 activations, FRACTAL_Z weight"),
+    "Conv": FormatRule("5hd", (0,), 1, "Conv2D/Conv3D: NC1HWC0 (NDC1HWC0) activations, FRACTAL_Z weight "
+                                       "(heavy op, ge-rules R1)"),
+    "ConvTranspose": FormatRule("5hd", (0,), 1, "Conv2DTransposeD: NC1HWC0 activations, FRACTAL_Z weight "
+                                                "(heavy op, ge-rules R1)"),
     "MaxPool": FormatRule("5hd", note="MaxPoolV3: " + _5HD_NOTE),
     "AveragePool": FormatRule("5hd", note="AvgPoolV2: " + _5HD_NOTE),
     "LpPool": FormatRule("5hd", note="AvgPoolV2: " + _5HD_NOTE),
@@ -113,10 +115,11 @@ FORMAT_RULES: dict[str, FormatRule] = {
 }
 for _op in sorted(ops.FORMAT_AGNOSTIC):
     FORMAT_RULES.setdefault(_op, FormatRule("follow", note="elementwise: runs in its producer's format; in "
-                                                  "FRACTAL_NZ when other operands are (M, N), (1, N) or scalar"))
-_ND_RULE = FormatRule("nd", note="needs ND (its kernel indexes the logical layout)")
+                                                  "FRACTAL_NZ when other operands are (M, N), (1, N) or scalar "
+                                                  "(format-agnostic / broadcast, ge-rules R5)"))
+_ND_RULE = FormatRule("nd", note="needs ND (its kernel indexes the logical layout; ge-rules R16)")
 _AICPU_RULE = FormatRule("nd", note="runs on AI CPU, which takes ND only")
-_CONST_RULE = FormatRule("nd", note="compile-time constant")
+_CONST_RULE = FormatRule("nd", note="compile-time constant (ge-rules R10)")
 _DYNAMIC_RULE = FormatRule("nd", note="output shape depends on input values: kept in ND")
 
 
