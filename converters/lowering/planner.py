@@ -274,14 +274,14 @@ def _cost(state: PlanState, transdata: list[TransData], naive: list[TransData], 
     except InputError:
         return None
     state.not_estimated = []
-    ops, tds = _cost_items(state, transdata, naive, soc, costmod)
-    return costmod.estimate(ops, tds, soc)
+    est_ops, tds = _cost_items(state, transdata, naive, soc, costmod)
+    return costmod.estimate(est_ops, tds, soc)
 
 
 def _cost_items(state: PlanState, transdata: list[TransData], naive: list[TransData], soc: str,
                 costmod) -> tuple[list, list]:
     dtypes = {t: state.device_dtype(t) for t in state.dtypes}
-    ops = []
+    est_ops = []
     for n in state.nodes:
         if n.folded:
             continue
@@ -293,9 +293,9 @@ def _cost_items(state: PlanState, transdata: list[TransData], naive: list[TransD
         operand = None
         if n.node.op_type in ("MatMul", "Gemm"):
             operand = "NZ" if n.fmt == NZ else "ND"
-        ops.append(costmod.EstimatedOp(n.node.name, n.node.op_type, work, dtype=n.dtype,
-                                       engine=n.engine if n.engine in costmod.ENGINES else "AI Core",
-                                       operand_format=operand))
+        est_ops.append(costmod.EstimatedOp(n.node.name, n.node.op_type, work, dtype=n.dtype,
+                                           engine=n.engine if n.engine in costmod.ENGINES else "AI Core",
+                                           operand_format=operand))
     for td in transdata + naive:
         td.est_us = float(costmod.transdata_time_us(td.bytes, td.src_format, td.dst_format, soc,
                                                      dst_nbytes=td.dst_bytes))
@@ -308,9 +308,9 @@ def _cost_items(state: PlanState, transdata: list[TransData], naive: list[TransD
         by_owner.setdefault(b.owner, []).append((float(total), b_ops, b_tds))
     for choices in by_owner.values():
         _, b_ops, b_tds = max(choices, key=lambda c: c[0])
-        ops += b_ops
+        est_ops += b_ops
         tds += b_tds
-    return ops, tds
+    return est_ops, tds
 
 
 def _names(nodes: Sequence[str], k: int = 3) -> str:
