@@ -659,3 +659,13 @@ def test_real_atc76_pair_agrees():
         r = against(om, model)
         assert r, r.verdict()
         assert r.counts()["agreed"] >= 1 and r.op_map_coverage >= 0.9, (om, r.op_map_coverage)
+
+
+def test_mapping_attribute_wins_over_the_name(tmp_path):
+    """An op carrying _datadump_original_op_names is mapped by it, whatever its name says."""
+    odd = op("PartitionedCall_conv2_Conv2D_0", "Conv2D", original_names=["conv1"],
+             input_desc=[tensor("i", "float16", [1], "ND")], output_desc=[tensor("o", "float16", [1], "ND")])
+    r = against(_om(tmp_path / "m.om", extra_ops=[odd]), _onnx(tmp_path / "m.onnx"))
+    m = {x.op: x for x in r.ops}["PartitionedCall_conv2_Conv2D_0"]
+    assert m.onnx_nodes == ["conv1"] and m.mapped_by == "attribute"
+    assert {x.op: x for x in r.ops}["conv2"].mapped_by == "name"
