@@ -16,6 +16,7 @@ import click
 from npu_deploy._io import refuse_overwriting, same_file  # noqa: F401  (shared by every command)
 from npu_deploy.converters.files.onnx_model import parse_dim
 from npu_deploy.errors import InputError
+from npu_deploy.converters.lowering import ops
 
 # A dimension or an element count beyond this cannot be addressed (int64); larger is a typo or an attack.
 MAX_ELEMENTS = 2**62
@@ -84,7 +85,7 @@ def parse_int_list(text: str | None, *, option: str) -> list[int]:
         raise click.BadParameter(f"{text!r} is not a comma-separated list of integers", param_hint=option)
 
 
-SOCS = ["Ascend310P3", "Ascend910B", "Ascend310B1", "Ascend310", "Ascend910"]
+SOCS = list(ops.SOCS)
 
 soc_option = click.option("--soc", "--soc_version", "soc", default=None, metavar="SOC",
                           help="Target SoC (ATC: --soc_version; default Ascend310P3).")

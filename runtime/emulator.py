@@ -48,16 +48,18 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from npu_deploy.converters.formats.graph import axis_perm
 from npu_deploy.converters.lowering import cost as cost_model
+from npu_deploy.converters.lowering import ops as optable
 from npu_deploy.errors import BundleError, InputError, ModelError
 from npu_deploy.runtime.backend import Backend, Gear, TensorMeta
 
 _LOW_PRECISION = {"float16": TensorProto.FLOAT16, "bfloat16": TensorProto.BFLOAT16}
-_FP16_MODES = ("force_fp16", "allow_fp32_to_fp16", "allow_mix_precision")
+_FP16_MODES = optable.FP16_MODES
 _PLAIN_4D = ("NCHW", "NHWC", "HWCN", "CHWN")
 _PLAIN_5D = ("NCDHW", "NDHWC", "DHWCN")
 _MAX_PROFILED_RUNS = 100_000
-_VIEW_OPS = ("Reshape", "Squeeze", "Unsqueeze", "Flatten", "Identity")
+_VIEW_OPS = optable.VIEW_OPS
 
 # msprof's data type spelling in op_summary (see reference/msprof.md §2/§3)
 _MSPROF_DTYPE = {"float32": "FLOAT", "float16": "FLOAT16", "bfloat16": "DT_BF16", "float64": "DOUBLE",
@@ -104,7 +106,7 @@ class _Transfer:
                 raise BundleError(f"input {name!r}: host format {self.host_format} cannot be read as graph "
                                   f"format {graph}", hint="re-convert the model")
             self.graph_format = graph
-            self.perm = tuple(host.index(a) for a in graph)  # graph axis k is host axis perm[k]
+            self.perm = axis_perm(host, graph)  # graph axis k is host axis perm[k]
 
     def _kw(self) -> dict[str, Any]:
         kw: dict[str, Any] = {}
@@ -713,7 +715,7 @@ def profile_rows(manifest: dict[str, Any], model: onnx.ModelProto | None) -> lis
         consumers = [order[n] for n in (td.get("consumers") or []) if n in order]
         idx = [min(consumers)] if consumers else [order[n] for n in (td.get("onnx_nodes") or []) if n in order]
         (before.setdefault(max(idx), []) if idx else tail).append(td)
-    trans_type = "AI_VECTOR_CORE" if soc.startswith("Ascend910B") else "AI_CORE"
+    trans_type = "AI_VECTOR_CORE" if optable.soc_family(soc) == "Ascend910B" else "AI_CORE"
 
     def td_row(td: dict) -> dict:
         dt = str(td.get("dtype") or "float16")

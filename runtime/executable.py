@@ -425,7 +425,7 @@ class _PlanBuilder:
         src_st = self.stored[src_buf]
         # a TransData is real: it unpacks its source buffer and packs the destination buffer
         logical = self.read(t, src_buf, td.get("src_format"), src_st.c0, name, real=True)
-        dst = self.stored_for(t, td.get("dst_format"), src_st.dtype, None, _plain_origin(td.get("dst_format"),
+        dst = self.stored_for(t, td.get("dst_format"), src_st.dtype, td.get("c0"), _plain_origin(td.get("dst_format"),
                                                                                         len(src_st.shape)))
         sfx = self._sfx()
         buf = self.store(t, logical, dst, name, name=f"{t}__{name}{sfx}", lazy=False)

@@ -67,6 +67,21 @@ MAX_RANK = 128             # ACL_MAX_DIM_CNT
 # op (absent: the op is the original node itself; empty: ATC inserted it); an output descriptor's
 # `_datadump_origin_name` / `_datadump_origin_output_index` say which original tensor that output is.
 ORIGINAL_NAMES_ATTR = "_datadump_original_op_names"
+# How ATC names things when the fusion mapping attributes are absent (a real ATC 7.6 .om of an ONNX model
+# for Ascend310B4, shared/reference/ge-format-selection.md §8): conversions it inserts are
+# `trans_<CANN op>_<n>` (trans_TransData_3, trans_Cast_2); parser subgraph ops are
+# `PartitionedCall_<onnx node>_<CANN op>_<n>`; expanded function graphs `<node>function_graph_<n>/...`;
+# fused ops concatenate the fused nodes' names around the CANN op (`<bn>_BNInferenceD<prelu>`); graph
+# outputs are `<producer>:<index>:<onnx output>`.
+INSERTED_NAME = re.compile(r"trans_[A-Za-z][A-Za-z0-9]*_\d+")
+PARTITIONED_PREFIX = "PartitionedCall_"
+FUNCTION_GRAPH_MARK = "function_graph_"
+OUTPUT_NAME = re.compile(r"(?P<producer>.+):(?P<index>\d+):(?P<output>.+)")
+
+
+def is_inserted_name(name: str) -> bool:
+    """True for the names ATC gives the conversions it inserts (``trans_TransData_12``, ``trans_Cast_2``)."""
+    return INSERTED_NAME.fullmatch(name) is not None
 ORIGIN_NAME_ATTR = "_datadump_origin_name"
 ORIGIN_INDEX_ATTR = "_datadump_origin_output_index"
 MAX_ORIGIN_INDEX = 1 << 20   # an original node with more outputs than this is a corrupt attribute

@@ -50,6 +50,19 @@ def same_format(a: Any, b: Any) -> bool:
     return a == b or (a in IDENTITY_PLAIN and b in IDENTITY_PLAIN)
 
 
+def axis_perm(src: str, dst: str) -> tuple[int, ...]:
+    """The one host/graph axis permutation: axis ``k`` of the data laid out as ``dst`` is axis ``perm[k]``
+    of the same data laid out as ``src`` (plain layouts spelled with the same letters), so
+    ``array_in_src.transpose(perm)`` is the array in ``dst``.
+
+    >>> axis_perm("NHWC", "NCHW"), axis_perm("NCHW", "NHWC"), axis_perm("NDHWC", "NCDHW")
+    ((0, 3, 1, 2), (0, 2, 3, 1), (0, 4, 1, 2, 3))
+    """
+    if sorted(src) != sorted(dst) or len(set(src)) != len(src):
+        raise FormatError(f"{src} and {dst} are not two orders of the same axes")
+    return tuple(src.index(a) for a in dst)
+
+
 class _Builder:
     def __init__(self, prefix: str, opset: int = 17):
         self.prefix = prefix

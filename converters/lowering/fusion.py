@@ -18,14 +18,11 @@ from typing import Any, Mapping
 import onnx
 
 from npu_deploy.converters.formats.graph import same_format
+from npu_deploy.converters.lowering import ops
 
-UNARY_ELEMENTWISE = frozenset({
-    "Relu", "Sigmoid", "Tanh", "Abs", "Neg", "Exp", "Log", "Sqrt", "Reciprocal", "Erf", "LeakyRelu",
-    "Elu", "Selu", "Celu", "HardSigmoid", "HardSwish", "Softplus", "Softsign", "Floor", "Ceil", "Round",
-    "Sign", "Gelu", "Mish", "Identity", "Clip", "ThresholdedRelu", "Sin", "Cos",
-})
-"""Ops the vector unit runs on any layout, element by element (their attributes name no axis)."""
-BINARY_ELEMENTWISE = frozenset({"Add", "Sub", "Mul", "Div", "Max", "Min", "Pow", "PRelu", "Sum"})
+# the fusion classes of the op table (ops.py): elementwise ops fused into their producer
+UNARY_ELEMENTWISE = ops.UNARY_ELEMENTWISE
+BINARY_ELEMENTWISE = ops.BINARY_ELEMENTWISE
 
 
 def subgraph_reads(node: onnx.NodeProto) -> set[str]:

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from npu_deploy.converters.formats.graph import same_format
+from npu_deploy.converters.lowering.contracts import Step, run_steps  # noqa: F401  (the one pass framework)
 from npu_deploy.converters.lowering.options import ConvertOptions
 from npu_deploy.errors import InternalError
 
@@ -44,33 +45,6 @@ class Lowering:
     support: Any = None
     plan: Any = None
     bundle: Path | None = None
-
-
-@dataclasses.dataclass(frozen=True)
-class Step:
-    name: str
-    requires: tuple[str, ...]
-    ensures: tuple[str, ...]
-    run: Callable[[Lowering], None]
-    check: Callable[[Lowering], None] | None = None
-
-
-def run_steps(steps: list[Step], ctx: Lowering, say: Callable[[str, float | None], None] | None = None) -> Lowering:
-    """Run ``steps`` in order, checking each one's ``requires`` before and ``ensures`` after."""
-    for step in steps:
-        missing = [k for k in step.requires if getattr(ctx, k) is None]
-        if missing:
-            raise InternalError(f"pipeline: step {step.name!r} needs {', '.join(missing)}, which no earlier "
-                                f"step produced")
-        if say is not None:
-            say(step.name, None)
-        step.run(ctx)
-        missing = [k for k in step.ensures if getattr(ctx, k) is None]
-        if missing:
-            raise InternalError(f"pipeline: step {step.name!r} did not produce {', '.join(missing)}")
-        if step.check is not None:
-            step.check(ctx)
-    return ctx
 
 
 # ------------------------------------------------------------------------------------------ steps

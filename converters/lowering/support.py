@@ -38,6 +38,7 @@ import onnx
 from onnx import helper
 
 from npu_deploy._result import Result
+from npu_deploy.converters.lowering import ops
 from npu_deploy.errors import InputError, ModelError
 
 AI_CORE = "AI Core"
@@ -82,9 +83,11 @@ FUSION_TO_AICORE: dict[str, tuple[str, tuple[int, ...]]] = {
     "Expand": ("ExpandD", (1,)),
 }
 
-# SoC name prefix -> the op-info family in the data (only ascend310p and ascend910 were published).
-_SOC_FAMILY = (("Ascend310P", "ascend310p"), ("Ascend310B", "ascend310p"), ("Ascend310", "ascend310p"),
-               ("Ascend910", "ascend910"), ("Ascend950", "ascend910"), ("Ascend960", "ascend910"))
+# the op table's SoC family -> the op-info family in the data (only ascend310p and ascend910 were published)
+_OPINFO_FAMILY = {"Ascend310": "ascend310p", "Ascend310P": "ascend310p", "Ascend310B": "ascend310p",
+                  "Ascend910": "ascend910", "Ascend910B": "ascend910", "Ascend910_93": "ascend910"}
+# SoCs newer than the op table's list, checked against the newest data
+_NEWER_SOCS = (("Ascend950", "ascend910"), ("Ascend960", "ascend910"))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -154,9 +157,12 @@ def _opset_range() -> tuple[int, int]:
 
 def soc_family(soc: str) -> str:
     """The op-info family used for ``soc`` (``"ascend310p"`` or ``"ascend910"``)."""
-    for prefix, family in _SOC_FAMILY:
+    family = ops.soc_family(soc)
+    if family is not None:
+        return _OPINFO_FAMILY[family]
+    for prefix, data_family in _NEWER_SOCS:
         if soc.startswith(prefix):
-            return family
+            return data_family
     raise InputError(f"unknown SoC {soc!r}",
                      hint="use the --soc_version value ATC takes, e.g. Ascend310P3, Ascend910B1, Ascend310B1")
 

@@ -21,6 +21,12 @@ output stands for. From that this module
 >>> [(d.tensor, d.src_format, d.dst_format) for d in r.planned_only]   # doctest: +SKIP
 [('concat_out', 'NC1HWC0', 'NCHW'), ...]
 
+When an op carries no mapping attribute (a real ATC 7.6 file of an ONNX model carries none at all) it is
+mapped by ATC's naming conventions (:class:`NameMap`): ``trans_TransData_<n>`` / ``trans_Cast_<n>`` are
+inserted, ``PartitionedCall_<node>_<CANN op>_<n>`` and ``<node>function_graph_<n>/...`` stand for
+``<node>``, fused ops concatenate the fused nodes' names (``<bn>_BNInferenceD<prelu>``), graph outputs are
+``<producer>:<k>:<onnx output>``.
+
 A TransData whose mapping leads nowhere (a converted constant, a file without the attributes) is listed
 with ``tensor=None`` and counts as ATC only; an ``.om`` none of whose ops maps to a node of the ONNX model
 is an :class:`~npu_deploy.errors.InputError` ("no op maps to this model": the wrong ONNX file).
@@ -30,7 +36,10 @@ JSON (schema ``npu-deploy/against`` v1, ``inspect MODEL.om --against MODEL.onnx 
 * ``om``, ``onnx`` (paths), ``soc``, ``precision_mode`` (what the plan used), ``input_shapes``
   (name -> dims the plan used);
 * ``ops``: every ``.om`` op of the main model: ``op``, ``type``, ``graph``, ``original`` (names the file
-  records), ``onnx_nodes`` (those that are ONNX nodes), ``inserted`` (ATC added it);
+  records), ``onnx_nodes`` (the ONNX nodes it stands for), ``inserted`` (ATC added it), ``mapped_by``
+  (``attribute``, ``name...`` for the naming convention used, or empty);
+* ``op_map_coverage``: the fraction of the ``.om``'s compute ops (not inputs, NetOutput, constants or
+  inserted conversions) mapped to ONNX nodes;
 * ``atc_transdata``: ``name``, ``graph``, ``src_format``, ``dst_format``, ``in_shape``, ``out_shape``,
   ``origin`` / ``origin_output`` (the original tensor as the file names it), ``via`` (which attribute
   said so), ``tensor`` (the ONNX tensor or null), ``inserted``;
@@ -54,7 +63,8 @@ from typing import ClassVar, Iterable, Mapping
 from npu_deploy._result import Result
 from npu_deploy._text import printable
 from npu_deploy.converters import formats
-from npu_deploy.converters.lowering import planner
+from npu_deploy.converters.formats.graph import same_format
+from npu_deploy.converters.lowering import ops as optable, planner
 from npu_deploy.converters.files import om as omfile
 from npu_deploy.converters.files.onnx_model import load_model
 from npu_deploy.errors import InputError, ModelError, OmError
@@ -63,7 +73,7 @@ AGREED, PLANNED_ONLY, ATC_ONLY = "agreed", "planned only", "ATC only"
 # ONNX ops that only re-view the data: ATC folds them into a neighbouring TransData (a3c_pong's
 # trans_TransData_13 converts NHWC [1,4,4,32] to FRACTAL_NZ [1,512], the Reshape gone), so the same
 # conversion may sit on the view's input in the .om and on its output in the plan.
-VIEW_OPS = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze"})
+VIEW_OPS = optable.VIEW_OPS
 MAX_WALK = 64          # ops ATC inserted back to back; a longer chain is a cycle or a corrupt file
 _CMDLINE_PRECISION = re.compile(r"--precision_mode[= ]([A-Za-z0-9_]+)")
 
@@ -83,6 +93,7 @@ class OpMapping:
     original: list[str]
     onnx_nodes: list[str] = dataclasses.field(default_factory=list)
     inserted: bool = False
+    mapped_by: str = ""
 
 
 @dataclasses.dataclass
@@ -144,6 +155,7 @@ class AgainstReport(Result):
     onnx_node_count: int = 0
     onnx_nodes_not_in_om: list[str] = dataclasses.field(default_factory=list)
     notes: list[str] = dataclasses.field(default_factory=list)
+    op_map_coverage: float = 0.0
 
     def _with(self, status: str) -> list[DiffEntry]:
         return [d for d in self.diff if d.status == status]
@@ -189,6 +201,106 @@ class AgainstReport(Result):
         return cls(**kw)
 
 
+
+# ---------------------------------------------------------------------------------------------------
+# the naming conventions (files without the fusion attributes)
+
+_BOUNDARY = "_/:."
+MIN_UNBOUNDED = 3      # a node name found right after other letters must be at least this long
+
+
+class NameMap:
+    """ONNX nodes named by an ``.om`` op's name, by the conventions of a real ATC 7.6 file
+    (:data:`~npu_deploy.converters.files.om.INSERTED_NAME` and the constants beside it): the op's name
+    itself, ``PartitionedCall_<node>_<CANN op>_<n>``, ``<node>function_graph_<n>/...``, a fused
+    ``<node a>_<CANN op><node b>`` (every node name found in it, longest first, left to right, each ending
+    at the end of the name, a separator, or ``function_graph_``), ``<producer>:<k>:<output>`` (the
+    producer of the ONNX tensor ``output``).
+
+    >>> NameMap({"bn1": ["b"], "prelu1": ["p"]}).nodes("bn1_BNInferenceDprelu1")
+    ['bn1', 'prelu1']
+    >>> NameMap({"/up/Resize": ["r"]}).nodes("PartitionedCall_/up/Resize_ResizeBilinearV2_4")
+    ['/up/Resize']
+    """
+
+    def __init__(self, node_outputs: Mapping[str, list[str]]):
+        self.node_outputs = node_outputs
+        self.producer = {o: n for n, outs in node_outputs.items() for o in outs if o}
+        self._lengths = sorted({len(n) for n in node_outputs if n}, reverse=True)
+
+    def _ends_at(self, name: str, end: int) -> bool:
+        return end == len(name) or name[end] in _BOUNDARY or name.startswith(omfile.FUNCTION_GRAPH_MARK, end)
+
+    def _scan(self, name: str) -> list[str]:
+        found: list[str] = []
+        i = 0
+        while i < len(name):
+            hit = None
+            for n in self._lengths:
+                cand = name[i:i + n]
+                if len(cand) < n:
+                    continue
+                bounded = i == 0 or name[i - 1] in _BOUNDARY or cand[0] in _BOUNDARY
+                if (cand in self.node_outputs and self._ends_at(name, i + n)
+                        and (bounded or n >= MIN_UNBOUNDED)):
+                    hit = cand
+                    break
+            if hit is None:
+                i += 1
+                continue
+            if hit not in found:
+                found.append(hit)
+            i += len(hit)
+        return found
+
+    def nodes(self, name: str) -> list[str]:
+        """The ONNX nodes ``name`` stands for (empty: none found)."""
+        if name in self.node_outputs:
+            return [name]
+        if omfile.is_inserted_name(name):
+            return []
+        m = omfile.OUTPUT_NAME.fullmatch(name)
+        if m and m.group("output") in self.producer:
+            return [self.producer[m.group("output")]]
+        core = name[len(omfile.PARTITIONED_PREFIX):] if name.startswith(omfile.PARTITIONED_PREFIX) else name
+        return self._scan(core)
+
+    def how(self, name: str) -> str:
+        if name in self.node_outputs:
+            return "name"
+        if name.startswith(omfile.PARTITIONED_PREFIX):
+            return "name: PartitionedCall_<node>_<CANN op>_<n>"
+        if omfile.FUNCTION_GRAPH_MARK in name:
+            return "name: <node>function_graph_<n>/..."
+        if omfile.OUTPUT_NAME.fullmatch(name):
+            return "name: <producer>:<k>:<output>"
+        return "name: fused names"
+
+
+def _compute_op(m: OpMapping) -> bool:
+    """An op of the model's computation: not an input, the output, a constant or an inserted conversion."""
+    return not m.inserted and m.type not in omfile.INPUT_OP_TYPES and m.type not in _NOT_COMPUTE
+
+
+_NOT_COMPUTE = frozenset({"NetOutput", "Const", "Constant", "Variable"})
+
+
+def map_by_names(mapping: list[OpMapping], names: NameMap) -> float:
+    """Fill each op's ``onnx_nodes`` (by the attribute when the file has it, else by the naming
+    conventions) and return the op-map coverage: the fraction of compute ops mapped to ONNX nodes."""
+    for m in mapping:
+        if m.mapped_by == "attribute":
+            m.onnx_nodes = [n for n in m.original if n in names.node_outputs]
+            continue
+        if omfile.is_inserted_name(m.op):
+            m.inserted, m.mapped_by, m.onnx_nodes = True, "name: inserted by ATC (trans_<op>_<n>)", []
+            continue
+        m.onnx_nodes = names.nodes(m.op)
+        m.mapped_by = names.how(m.op) if m.onnx_nodes else ""
+    compute = [m for m in mapping if _compute_op(m)]
+    return round(sum(1 for m in compute if m.onnx_nodes) / len(compute), 4) if compute else 0.0
+
+
 # ---------------------------------------------------------------------------------------------------
 # the .om side (works without an ONNX model: names are the source framework's)
 
@@ -215,7 +327,8 @@ def op_mapping(model: omfile.OmModel) -> list[OpMapping]:
     out = []
     for op in _main_ops(model):
         names = [op.name] if op.original_names is None else list(op.original_names)
-        out.append(OpMapping(op.name, op.type, op.graph, names, inserted=op.original_names == []))
+        out.append(OpMapping(op.name, op.type, op.graph, names, inserted=op.original_names == [],
+                             mapped_by="" if op.original_names is None else "attribute"))
     return out
 
 
@@ -234,8 +347,11 @@ def _data_edges(op: omfile.OmOp) -> list[tuple[str, int]]:
     return [e for e in (_edge(t) for t in op.inputs) if e is not None]
 
 
-def _source(index: Mapping[str, omfile.OmOp], edge: tuple[str, int]) -> tuple[str | None, int | None, str]:
-    """The original tensor on ``edge``: (node, output index, how it was found)."""
+def _source(index: Mapping[str, omfile.OmOp], edge: tuple[str, int],
+            names: NameMap | None = None) -> tuple[str | None, int | None, str]:
+    """The original tensor on ``edge``: (node, output index, how it was found). With ``names`` (the
+    ONNX model's), an op without the mapping attribute is mapped by the naming conventions: a
+    ``trans_<op>_<n>`` is walked through as inserted, another name gives its last ONNX node."""
     steps: list[str] = []
     seen: set[str] = set()
     while True:
@@ -250,7 +366,13 @@ def _source(index: Mapping[str, omfile.OmOp], edge: tuple[str, int]) -> tuple[st
                 steps + [f"{p.name} output {k} carries {omfile.ORIGIN_NAME_ATTR}"])
         if p.type in omfile.INPUT_OP_TYPES:
             return p.name, 0, " ".join(steps + [f"graph input {p.name}"])
-        if p.original_names is None:
+        by_name = p.original_names is None and names is not None and p.name not in names.node_outputs
+        if by_name and not omfile.is_inserted_name(p.name):
+            found = names.nodes(p.name)
+            if found:
+                return found[-1], k, " ".join(steps + [f"{p.name} output {k} ({names.how(p.name)})"])
+            by_name = False
+        if p.original_names is None and not by_name:
             return p.name, k, " ".join(steps + [f"{p.name} output {k}, the op being the original node"])
         if p.original_names:
             # a fused op without the output attribute: the last node of the fused group (§4)
@@ -274,7 +396,7 @@ def _fmt(op: omfile.OmOp, key: str, descs: list[str]) -> str:
     return descs[0] if descs else "?"
 
 
-def atc_transdata(model: omfile.OmModel) -> list[AtcTransData]:
+def atc_transdata(model: omfile.OmModel, names: NameMap | None = None) -> list[AtcTransData]:
     """The TransData ops of the main model, each with the original tensor it converts.
 
     ``model`` comes from ``read_om(path, keep_ops=True)``. Works on any ``.om``: the names are those of
@@ -301,7 +423,7 @@ def atc_transdata(model: omfile.OmModel) -> list[AtcTransData]:
             data = _data_edges(op)
             if data:
                 # an edge names an op of the same graph first (names repeat across subgraphs)
-                origin, index, via = _source(ChainMap(by_graph[op.graph], everywhere), data[0])
+                origin, index, via = _source(ChainMap(by_graph[op.graph], everywhere), data[0], names)
             else:
                 origin, index, via = None, None, "no data input"
         out.append(AtcTransData(
@@ -413,8 +535,10 @@ def _parse_onnx(path: str):
     return model.graph if model.HasField("graph") else None
 
 
-def _require_mapping(mapping: list[OpMapping], nodes: set[str], om_path: str, onnx_path: str) -> None:
-    if any(n in nodes for m in mapping if not m.inserted for n in m.original):
+def _require_mapping(mapping: list[OpMapping], names: NameMap, om_path: str, onnx_path: str) -> None:
+    if any(n in names.node_outputs for m in mapping if not m.inserted for n in m.original):
+        return
+    if any(names.nodes(m.op) for m in mapping if m.mapped_by != "attribute"):
         return
     sample = [n for m in mapping if not m.inserted and m.type not in omfile.INPUT_OP_TYPES
               and m.type != "NetOutput" for n in m.original][:3]
@@ -446,12 +570,10 @@ def _through_views(a: str, b: str, views: dict[str, str]) -> bool:
     return False
 
 
-_PLAIN_NAMES = frozenset({planner.plain_name(r) for r in range(8)})
-
-
 def _same_format(x: str, y: str) -> bool:
-    """Equal, or both plain (a view op changes the rank, so NCHW on one side may be ND on the other)."""
-    return x == y or (x in _PLAIN_NAMES and y in _PLAIN_NAMES)
+    """Equal, or both plain (a view op changes the rank, so NCHW on one side may be ND on the other):
+    the one "same layout" predicate, :func:`~npu_deploy.converters.formats.graph.same_format`."""
+    return same_format(x, y)
 
 
 def _pair_across_views(diff: list[DiffEntry], views: dict[str, str]) -> list[DiffEntry]:
@@ -545,14 +667,13 @@ def against(om_path: str | os.PathLike, onnx_path: str | os.PathLike, *, soc: st
                       hint="give an unencrypted .om written by ATC")
     notes: list[str] = []
     mapping = op_mapping(model)
-    listed = atc_transdata(model)
     loaded, soc, shapes = _load_for(model, onnx_path, mapping, soc=soc, input_shapes=input_shapes, notes=notes)
     names = _Names(loaded.graph)   # node names as the loader gives them (unnamed: <OpType>_<index>)
-    _require_mapping(mapping, set(names.node_outputs), om_path, onnx_path)
+    by_name = NameMap(names.node_outputs)
+    _require_mapping(mapping, by_name, om_path, onnx_path)
+    coverage = map_by_names(mapping, by_name)
+    listed = atc_transdata(model, by_name)
     the_plan = planner.plan(loaded, soc=soc, precision_mode=_precision(model, precision_mode, notes))
-
-    for m in mapping:
-        m.onnx_nodes = [n for n in m.original if n in names.node_outputs]
     mapped = {n for m in mapping for n in m.onnx_nodes}
     plan_keys = [(_key(td.tensor, td.src_format, td.dst_format, _rank(loaded, td.tensor, td.shape)), td.name,
                   td.reason) for td in the_plan.transdata]
@@ -563,7 +684,8 @@ def against(om_path: str | os.PathLike, onnx_path: str | os.PathLike, *, soc: st
         om=om_path, onnx=onnx_path, soc=soc, precision_mode=the_plan.precision_mode, input_shapes=shapes,
         ops=mapping, atc_transdata=listed, plan_transdata=[td.to_manifest() for td in the_plan.transdata],
         diff=_pair_across_views(diff, _views(loaded.graph)), onnx_node_count=len(loaded.graph.node),
-        onnx_nodes_not_in_om=[n.name for n in loaded.graph.node if n.name not in mapped], notes=notes)
+        onnx_nodes_not_in_om=[n.name for n in loaded.graph.node if n.name not in mapped], notes=notes,
+        op_map_coverage=coverage)
 
 
 def _load_for(model: omfile.OmModel, onnx_path: str, mapping: list[OpMapping], *, soc: str | None,
@@ -576,7 +698,7 @@ def _load_for(model: omfile.OmModel, onnx_path: str, mapping: list[OpMapping], *
         load_model(onnx_path)   # raises the loader's one-line ModelError for a file that is not ONNX
         raise InputError(f"{onnx_path}: cannot be read as ONNX")
     if all(n.name for n in raw.node):   # unnamed nodes get the loader's names: checked after loading
-        _require_mapping(mapping, {n.name for n in raw.node}, om_path, onnx_path)
+        _require_mapping(mapping, NameMap({n.name: list(n.output) for n in raw.node}), om_path, onnx_path)
 
     om_soc = model.soc_version
     if om_soc and soc and om_soc != soc:
@@ -642,7 +764,9 @@ def render_text(report: AgainstReport, *, ops: bool = False) -> str:
     lines = [f"{report.om} against {report.onnx} ({report.soc}, {report.precision_mode}"
              + (f"; {shapes}" if shapes else "") + ")",
              f"  op map: {len(mapped)} of {len(report.ops)} .om ops carry {n_nodes} of "
-             f"{report.onnx_node_count} ONNX nodes"
+             f"{report.onnx_node_count} ONNX nodes ({report.op_map_coverage:.0%} of the compute ops mapped"
+             + (f", {sum(1 for m in mapped if m.mapped_by.startswith('name'))} by name" 
+                if any(m.mapped_by.startswith("name") for m in mapped) else "") + ")"
              + (f"; not in the .om (folded or fused away): {len(report.onnx_nodes_not_in_om)}"
                 if report.onnx_nodes_not_in_om else "")]
     if ops:

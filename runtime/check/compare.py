@@ -41,7 +41,9 @@ import numpy as np
 from npu_deploy._io import atomic_path, load_npz
 from npu_deploy._result import Result
 from npu_deploy._text import printable
+from npu_deploy.converters.formats.graph import axis_perm
 from npu_deploy.converters.lowering import aipp as aippmod
+from npu_deploy.converters.lowering import ops
 from npu_deploy.errors import InputError, ModelError
 from npu_deploy.runtime.backend import ORT_TYPES, TensorMeta
 
@@ -527,7 +529,7 @@ def _ort_dtype(t: str) -> np.dtype:
     return np.dtype(ORT_TYPES[t])
 
 
-_CHANNEL_FIRST = {"NHWC": (0, 3, 1, 2), "NDHWC": (0, 4, 1, 2, 3)}
+_CHANNEL_FIRST = {h: axis_perm(h, g) for h, g in (("NHWC", "NCHW"), ("NDHWC", "NCDHW"))}
 
 
 def _open_target(target: Any, *, backend: str, device_id: int):
@@ -595,8 +597,7 @@ def compare(reference_onnx: str | os.PathLike, target: Any, *,
     sess, owned = _open_target(target, backend=backend, device_id=device_id)
     try:
         precision = getattr(sess, "precision_mode", None) or "must_keep_origin_dtype"
-        defaults = FP16_TOLERANCE if precision in ("force_fp16", "allow_fp32_to_fp16",
-                                                    "allow_mix_precision") else FP32_TOLERANCE
+        defaults = FP16_TOLERANCE if precision in ops.FP16_MODES else FP32_TOLERANCE
         user_atol, user_rtol = atol, rtol
         if cosine_min is None:
             cosine_min = defaults["cosine_min"]

@@ -489,3 +489,32 @@ def build_om(path: str | os.PathLike, **kwargs: Any) -> Path:
     p = Path(path)
     p.write_bytes(build_om_bytes(**kwargs))
     return p
+
+
+# ------------------------------------------------------------------------------------------------
+# names as a real ATC 7.6 .om of an ONNX model gives them, without any fusion mapping attribute
+# (shared/reference/ge-format-selection.md §8); spelled out here, independently of the reader's regexes
+
+def inserted_name(cann_op: str, n: int) -> str:
+    """A conversion ATC inserted: ``trans_TransData_3``, ``trans_Cast_2``."""
+    return f"trans_{cann_op}_{n}"
+
+
+def partitioned_name(onnx_node: str, cann_op: str, n: int) -> str:
+    """An op of a parser subgraph: ``PartitionedCall_<onnx node>_<CANN op>_<n>``."""
+    return f"PartitionedCall_{onnx_node}_{cann_op}_{n}"
+
+
+def function_graph_name(onnx_node: str, n: int, k: int) -> str:
+    """An op of an expanded function graph: ``<node>function_graph_<n>/<node>..._pass.<k>``."""
+    return f"{onnx_node}function_graph_{n}/{onnx_node}_pass.{k}"
+
+
+def fused_name(first: str, cann_op: str, second: str) -> str:
+    """Two nodes fused around a CANN op: ``<bn>_BNInferenceD<prelu>``."""
+    return f"{first}_{cann_op}{second}"
+
+
+def output_name(producer: str, index: int, onnx_output: str) -> str:
+    """A graph output: ``<producer>:<index>:<onnx output>``."""
+    return f"{producer}:{index}:{onnx_output}"

@@ -239,9 +239,29 @@ def test_report_serialises(tmp_path):
     assert r.top_conversions(1)[0]["est_us"] == max(t["est_us"] for t in r.transdata)
 
 
-def test_pipeline_passes_state_contracts():
+def test_pipeline_passes_state_contracts(tmp_path):
+    from npu_deploy.converters.lowering.planner import PlanState, run_passes
+    from npu_deploy.converters.lowering.support import check_support
+    from npu_deploy.errors import InternalError
+
     for cls in PIPELINE:
-        assert cls.requires and cls.guarantees and cls.name
+        assert cls.name and cls.requires
+    # the contracts are executed: a pass that moves a node its kernel fixes is caught
+    loaded = _load(tmp_path, [helper.make_node("Conv", ["x", "w"], ["y"], name="c")],
+                   [_vi("x", [1, 3, 8, 8])], [_vi("y", [1, 16, 6, 6])], [_w("w", (16, 3, 3, 3))])
+    state = PlanState(loaded, check_support(loaded, "Ascend310P3"), precision_mode="force_fp16", keep_dtype=(),
+                      enable_small_channel=False, input_format=None)
+    run_passes(state, PIPELINE)
+    assert state.by_name["c"].fmt == "NC1HWC0"
+
+    class Breaks(PIPELINE[1]):
+        name = "breaks"
+
+        def run(self, state):
+            state.by_name["c"].fmt = "ND"
+            return True
+    with pytest.raises(InternalError, match="breaks moved c"):
+        run_passes(state, [Breaks])
     # the table is data: every rule kind is one the planner knows
     kinds = {"5hd", "matmul", "follow", "lastaxis", "view", "concat", "reduce", "slice", "nd"}
     assert {r.kind for r in FORMAT_RULES.values()} <= kinds
@@ -717,3 +737,89 @@ def test_slice_stays_in_nc1hwc0_unless_it_cuts_channels(tmp_path, axis, stays):
     out = tmp_path / "s.bundle"
     npu_deploy.convert(str(path), output=str(out), backend="builtin", precision_mode="must_keep_origin_dtype")
     assert compare(path, out)
+
+
+# ---------------------------------------------------------------------------------------------------
+# per-SoC rules from FE (docs/ge-rules.md): MatMul heavy or not, the fix-pipe's ND columns
+
+def _matmul_chain(tmp_path, m=32, k=64, n=48):
+    """x [m, k] -> MatMul W1 [k, k] -> Relu -> MatMul W2 [k, n] -> y: ND at both ends."""
+    return _load(tmp_path,
+                 [helper.make_node("MatMul", ["x", "w1"], ["a"], name="mm1"),
+                  helper.make_node("Relu", ["a"], ["r"], name="relu"),
+                  helper.make_node("MatMul", ["r", "w2"], ["y"], name="mm2")],
+                 [_vi("x", [m, k])], [_vi("y", [m, n])], [_w("w1", (k, k)), _w("w2", (k, n))])
+
+
+def test_aligned_matmul_chain_nd_on_910b_nz_on_310p3(tmp_path):
+    loaded = _matmul_chain(tmp_path)
+    p310 = _plan(loaded, soc="Ascend310P3")
+    assert _pairs(p310) == [("x", "ND", "FRACTAL_NZ"), ("y", "FRACTAL_NZ", "ND")]
+    assert p310.node_formats["mm1"].input_formats[0] == "FRACTAL_NZ"
+    assert all("heavy op on Ascend310P" in t.reason for t in p310.transdata), [t.reason for t in p310.transdata]
+    for soc in ("Ascend910B", "Ascend910B3", "Ascend910_9391"):
+        p = _plan(loaded, soc=soc)
+        assert p.transdata == [], soc
+        assert p.node_formats["mm1"].input_formats[0] == "ND"
+        assert p.tensor_formats["a"] == "ND" and p.tensor_formats["r"] == "ND"
+    # 310B has the fix-pipe but its MatMuls are heavy ops: the format mode keeps them in NZ
+    assert len(_plan(loaded, soc="Ascend310B4").transdata) == 2
+
+
+def test_soc_family_and_list():
+    from npu_deploy.cli.options import SOCS as CLI_SOCS
+    from npu_deploy.converters.lowering import ops
+
+    assert tuple(CLI_SOCS) == ops.SOCS
+    assert [ops.soc_family(s) for s in ("Ascend910B4", "Ascend910", "Ascend910_9362", "Ascend310B1", "Ascend310")] \
+        == ["Ascend910B", "Ascend910", "Ascend910_93", "Ascend310B", "Ascend310"]
+    assert ops.soc_family("Ascend950") is None
+    assert all(ops.soc_family(s) in ops.SOC_TRAITS for s in ops.SOCS)
+
+
+# ---------------------------------------------------------------------------------------------------
+# C0 = 8 for float32 cube operands on 910B (cube high precision; real torch_npu captures on Atlas A2)
+
+def _alexnet_conv1(tmp_path, n=32):
+    """The first AlexNet conv of the 910B captures: x [32,3,224,224] float32, w [64,3,11,11]."""
+    return _load(tmp_path,
+                 [helper.make_node("Conv", ["x", "w"], ["c"], name="conv", strides=[4, 4], pads=[2, 2, 2, 2]),
+                  helper.make_node("Relu", ["c"], ["r"], name="relu")],
+                 [_vi("x", [n, 3, 224, 224])], [_vi("r", [n, 64, 55, 55])], [_w("w", (64, 3, 11, 11))])
+
+
+def test_fp32_conv_on_910b_stores_c0_8(tmp_path):
+    loaded = _alexnet_conv1(tmp_path)
+    p = _plan(loaded, soc="Ascend910B", precision_mode="must_keep_origin_dtype")
+    td = next(t for t in p.transdata if t.tensor == "x")
+    # the capture: TransData NCHW 32x3x224x224 -> NC1HWC0 wrote 32x1x224x224x8 float32
+    assert td.dst_bytes == 32 * 1 * 224 * 224 * 8 * 4 == 51_380_224 and td.to_manifest()["c0"] == 8
+    w = next(w for w in p.weights if w.name == "w")
+    assert (w.format, w.c0, w.nbytes) == ("FRACTAL_Z", 8, 121 * 4 * 16 * 8 * 4)   # capture: 121x4x16x8
+    assert p.node_formats["conv"].c0 == 8 and p.node_formats["relu"].c0 == 16
+    assert p.tensors["c"].storage_shape == (32, 8, 55, 55, 8)
+    assert any("C0 = 8" in note and "ge-rules.md" in note for note in p.report.notes)
+    # the same model elsewhere, or in float16: C0 = 16
+    for soc, mode in (("Ascend310P3", "must_keep_origin_dtype"), ("Ascend910B", "force_fp16")):
+        q = _plan(loaded, soc=soc, precision_mode=mode)
+        assert q.node_formats["conv"].c0 == 16 and all(w.c0 == 16 for w in q.weights)
+        assert "c0" not in next(t for t in q.transdata if t.tensor == "x").to_manifest()
+
+
+def test_fp32_conv_on_910b_emulator_matches_onnxruntime(tmp_path, run_cli):
+    loaded = _alexnet_conv1(tmp_path, n=2)
+    bundle = tmp_path / "m.bundle"
+    code, _, err = run_cli("convert", loaded.path, "--backend", "builtin", "--soc", "Ascend910B",
+                           "--precision-mode", "must_keep_origin_dtype", "-o", bundle)
+    assert code == 0, err
+    code, out, err = run_cli("compare", loaded.path, bundle)
+    assert code == 0 and "PASS" in out, out + err
+
+
+def test_small_channel_needs_a_spatial_kernel(tmp_path):
+    """Conv2D's op_select_format adds FRACTAL_Z_C04 only for kh, kw > 1: a 1x1 first conv stays FRACTAL_Z."""
+    m = _load(tmp_path, [helper.make_node("Conv", ["x", "w1"], ["y"], name="c1")],
+              [_vi("x", [1, 3, 8, 8])], [_vi("y", [1, 16, 8, 8])], [_w("w1", (16, 3, 1, 1))])
+    p = _plan(m, enable_small_channel=True)
+    assert {w.name: w.format for w in p.weights}["w1"] == "FRACTAL_Z"
+    assert p.node_formats["c1"].input_formats[0] == "NC1HWC0"

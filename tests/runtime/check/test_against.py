@@ -548,3 +548,124 @@ def test_transdata_in_a_subgraph_resolves_within_its_graph_first(tmp_path):
     path = build_om(tmp_path / "s.om", inputs=[tensor("x")], outputs=[tensor("y")], ops=ops)
     got = {t.name: t.origin for t in atc_transdata(read_om(path, keep_ops=True))}
     assert got == {"t_sub": "sub_a", "t_cross": "sub_b"}
+
+
+# ---------------------------------------------------------------------------------------------------
+# files without the fusion attributes: ops mapped by ATC 7.6's naming conventions (reference §8)
+
+def _enet_onnx(path: Path) -> Path:
+    """Conv → BatchNormalization → PRelu → ConvTranspose → Resize, named as torch.onnx names nodes."""
+    rng = np.random.default_rng(0)
+    f = lambda *s: rng.standard_normal(s).astype(np.float32)   # noqa: E731
+    inits = [numpy_helper.from_array(a, n) for n, a in [
+        ("w", f(8, 3, 3, 3)), ("scale", f(8)), ("bias", f(8)), ("mean", f(8)), ("var", np.abs(f(8)) + 1),
+        ("slope", np.full((8, 1, 1), 0.25, np.float32)), ("wt", f(8, 4, 2, 2)),
+        ("roi", np.array([], np.float32)), ("scales", np.array([1, 1, 2, 2], np.float32))]]
+    g = helper.make_graph(
+        [helper.make_node("Conv", ["x", "w"], ["c"], name="/enc/conv/Conv", pads=[1, 1, 1, 1]),
+         helper.make_node("BatchNormalization", ["c", "scale", "bias", "mean", "var"], ["b"],
+                          name="/enc/bn/BatchNormalization"),
+         helper.make_node("PRelu", ["b", "slope"], ["p"], name="/enc/prelu/PRelu"),
+         helper.make_node("ConvTranspose", ["p", "wt"], ["u"], name="/dec/up/ConvTranspose", strides=[2, 2]),
+         helper.make_node("Resize", ["u", "roi", "scales"], ["out"], name="/dec/Resize", mode="linear")],
+        "enet", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 16, 16])],
+        [helper.make_tensor_value_info("out", TensorProto.FLOAT, [1, 4, 64, 64])], inits)
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)]), path)
+    return path
+
+
+def _enet_om(path: Path, *, extra_ops=()) -> Path:
+    """What ATC 7.6 writes for :func:`_enet_onnx` on Ascend310B4: no op carries a mapping attribute; the
+    input is cast then converted, the output converted then cast back, BN and PRelu fused."""
+    from tests.standins.omfile import fused_name, inserted_name, output_name, partitioned_name
+
+    conv, resize = partitioned_name("/enc/conv/Conv", "Conv2D", 0), partitioned_name("/dec/Resize",
+                                                                                      "ResizeBilinearV2", 5)
+    bn = fused_name("/enc/bn/BatchNormalization", "BNInferenceD", "/enc/prelu/PRelu")
+    x4, x5 = [1, 3, 16, 16], [1, 1, 16, 16, 16]
+    o4, o5 = [1, 4, 64, 64], [1, 1, 64, 64, 16]
+
+    def compute(name, type_, src, shape):
+        return op(name, type_, inputs=[src], input_desc=[tensor("i", "float16", shape, "NC1HWC0")],
+                  output_desc=[tensor("o", "float16", shape, "NC1HWC0")])
+
+    ops = [op(inserted_name("Cast", 2), "Cast", inputs=["x:0"], input_desc=[tensor("i", "float32", x4, "NCHW")],
+              output_desc=[tensor("o", "float16", x4, "NCHW")]),
+           transdata(inserted_name("TransData", 3), "NCHW", "NC1HWC0", x4, out_shape=x5,
+                     inputs=[inserted_name("Cast", 2) + ":0"]),
+           compute(conv, "Conv2D", inserted_name("TransData", 3) + ":0", [1, 1, 16, 16, 16]),
+           compute(bn, "BNInferenceD", conv + ":0", [1, 1, 16, 16, 16]),
+           compute("/dec/up/ConvTranspose", "Conv2DTransposeD", bn + ":0", [1, 1, 32, 32, 16]),
+           compute(resize, "ResizeBilinearV2", "/dec/up/ConvTranspose:0", o5),
+           transdata(inserted_name("TransData", 1111), "NC1HWC0", "NCHW", o5, out_shape=o4, inputs=[resize + ":0"]),
+           op(inserted_name("Cast", 1112), "Cast", inputs=[inserted_name("TransData", 1111) + ":0"],
+              input_desc=[tensor("i", "float16", o4, "NCHW")], output_desc=[tensor("o", "float32", o4, "NCHW")]),
+           *extra_ops]
+    return build_om(path, soc_version="Ascend310B4", inputs=[tensor("x", "float32", x4, "NCHW")],
+                    outputs=[tensor(output_name(resize, 0, "out"), "float32", o4, "NCHW",
+                                    source=inserted_name("Cast", 1112) + ":0")], ops=ops)
+
+
+def test_file_without_mapping_attributes_maps_by_names(tmp_path):
+    r = against(_enet_om(tmp_path / "enet.om"), _enet_onnx(tmp_path / "enet.onnx"))
+    assert _set(r.agreed) == [("out", "NC1HWC0", "NCHW"), ("x", "NCHW", "NC1HWC0")]
+    assert not r.planned_only and not r.atc_only and r
+    ops = {m.op: m for m in r.ops}
+    assert ops["PartitionedCall_/enc/conv/Conv_Conv2D_0"].onnx_nodes == ["/enc/conv/Conv"]
+    assert ops["/enc/bn/BatchNormalization_BNInferenceD/enc/prelu/PRelu"].onnx_nodes == [
+        "/enc/bn/BatchNormalization", "/enc/prelu/PRelu"]
+    assert ops["/dec/up/ConvTranspose"].onnx_nodes == ["/dec/up/ConvTranspose"]
+    assert ops["trans_Cast_2"].inserted and ops["trans_TransData_1111"].inserted
+    assert r.op_map_coverage == 1.0 and r.onnx_nodes_not_in_om == []
+    by = {t.name: t for t in r.atc_transdata}
+    assert by["trans_TransData_3"].tensor == "x" and "trans_Cast_2" in by["trans_TransData_3"].via
+    assert by["trans_TransData_1111"].tensor == "out"
+
+
+def test_coverage_counts_unmapped_compute_ops(tmp_path, run_cli):
+    stray = op("AutomaticBufferFusionOp_77", "Add", input_desc=[tensor("i", "float16", [1], "ND")],
+               output_desc=[tensor("o", "float16", [1], "ND")])
+    om = _enet_om(tmp_path / "enet.om", extra_ops=[stray])
+    out = tmp_path / "r.json"
+    code, stdout, stderr = run_cli("inspect", om, "--against", _enet_onnx(tmp_path / "enet.onnx"), "--json", out)
+    assert code == 0, stderr
+    d = json.loads(out.read_text())
+    assert d["op_map_coverage"] == 0.8      # 4 of the 5 compute ops (Cast/TransData inserted, Data, NetOutput)
+    assert d["counts"]["agreed"] == 2 and d["counts"]["atc_only"] == 0
+    assert "80% of the compute ops mapped" in stdout
+
+
+def test_name_map_conventions():
+    from npu_deploy.runtime.check.against import NameMap
+    from tests.standins.omfile import function_graph_name, output_name
+
+    nodes = {"Conv_1": ["a"], "Conv_12": ["b"], "Relu": ["c"], "/m/Sub": ["d"]}
+    m = NameMap(nodes)
+    assert m.nodes("Conv_12") == ["Conv_12"]
+    assert m.nodes("PartitionedCall_Conv_12_Conv2D_3") == ["Conv_12"]        # not Conv_1
+    assert m.nodes(function_graph_name("/m/Sub", 1, 4)) == ["/m/Sub"]
+    assert m.nodes(output_name("PartitionedCall_Conv_1_Conv2D_0", 0, "b")) == ["Conv_12"]   # producer of b
+    assert m.nodes("trans_TransData_7") == [] and m.nodes("Conv_123") == []
+    assert m.nodes("Conv_1_BNInferenceDRelu") == ["Conv_1", "Relu"]
+
+
+@pytest.mark.shared_data
+def test_real_atc76_pair_agrees():
+    """Every .om in shared data beside an .onnx of the same stem (the ATC 7.6 Ascend310B4 pair)."""
+    pairs = [(p, p.with_suffix(".onnx")) for p in sorted(OM_DIR.glob("*.om")) if p.with_suffix(".onnx").exists()]
+    if not pairs:
+        pytest.skip(f"no .om with its .onnx in {OM_DIR}")
+    for om, model in pairs:
+        r = against(om, model)
+        assert r, r.verdict()
+        assert r.counts()["agreed"] >= 1 and r.op_map_coverage >= 0.9, (om, r.op_map_coverage)
+
+
+def test_mapping_attribute_wins_over_the_name(tmp_path):
+    """An op carrying _datadump_original_op_names is mapped by it, whatever its name says."""
+    odd = op("PartitionedCall_conv2_Conv2D_0", "Conv2D", original_names=["conv1"],
+             input_desc=[tensor("i", "float16", [1], "ND")], output_desc=[tensor("o", "float16", [1], "ND")])
+    r = against(_om(tmp_path / "m.om", extra_ops=[odd]), _onnx(tmp_path / "m.onnx"))
+    m = {x.op: x for x in r.ops}["PartitionedCall_conv2_Conv2D_0"]
+    assert m.onnx_nodes == ["conv1"] and m.mapped_by == "attribute"
+    assert {x.op: x for x in r.ops}["conv2"].mapped_by == "name"
