@@ -127,7 +127,9 @@ def command(model, model_opt, framework, output, backend, soc, input_shape, inpu
                          hint="use --framework=5 (ONNX) or leave it out; export other models to ONNX first")
     if atc_log is not None and atc_log not in LOG_LEVELS:
         raise InputError(f"--log={atc_log} is not an ATC log level", hint=f"use one of {', '.join(LOG_LEVELS)}")
-    refuse_overwriting([("-o", output), ("--report", report)], [("input model", model)])
+    keep_file = keep_dtype if keep_dtype and os.path.isfile(keep_dtype) else None
+    refuse_overwriting([("-o", output), ("--report", report)], [("input model", model),
+                       ("--insert-op-conf file", insert_op_conf), ("--keep-dtype file", keep_file)])
     # ATC-only options reach ATC verbatim; the built-in backend's note names each one it ignored
     atc_only = [f"--op_select_implmode={op_select_implmode}"] if op_select_implmode is not None else []
     with Stages(interactive(quiet), echo_atc=not quiet) as progress:

@@ -331,6 +331,9 @@ REWRITES = {"--model": positional("--model"),
 @click.option("--ray-address", default=None, metavar="ADDR",
               help="Batch mode on a running Ray cluster (host:port, ray://host:port or auto); "
                    "default: a local cluster declaring --npus NPUs.")
+@click.option("--ray-start-timeout", type=click.FloatRange(min=0, min_open=True), default=None, metavar="SECONDS",
+              help="Batch mode: seconds a local Ray cluster may take to start (default 180; "
+                   "NPU_DEPLOY_RAY_START_TIMEOUT). A slower start is exit 3.")
 # -- end of batch options --
 # -- operator dumps (npu_deploy.converters.files.dump) --
 @click.option("--dump", "dump_dir", type=click.Path(file_okay=False), default=None, metavar="DIR",
@@ -342,7 +345,7 @@ REWRITES = {"--model": positional("--model"),
 @click.pass_context
 def command(ctx, model, inputs, input_dir, pure_data, loop, warmup, batch_size, input_shape, output_size,
             output_dir, output_dirname, outfmt, describe, json_path, device_id, backend, profile_dir, seed, npus, ray_address,
-            dump_dir):
+            ray_start_timeout, dump_dir):
     """Run MODEL (an offline bundle or .om) and report latency and throughput.
 
     Prints latency min/mean/p50/p90/p95/p99 and throughput, and separately the host-to-device,
@@ -360,7 +363,7 @@ def command(ctx, model, inputs, input_dir, pure_data, loop, warmup, batch_size, 
         if inputs:
             raise InputError("--input is for one run; with --npus / --ray-address the samples come from "
                              "--input-dir", hint="put one <id>.npy (or .npz) per sample in a folder")
-        _run_batch(ctx, model, input_dir, output_dir, npus, ray_address, backend, json_path)
+        _run_batch(ctx, model, input_dir, output_dir, npus, ray_address, backend, json_path, ray_start_timeout)
         return
     if loop < 1:
         raise InputError(f"--loop {loop}: must be at least 1")
@@ -429,17 +432,19 @@ def command(ctx, model, inputs, input_dir, pure_data, loop, warmup, batch_size, 
     ctx.exit(0)
 
 
-def _run_batch(ctx, model, input_dir, output_dir, npus, ray_address, backend, json_path) -> None:
+def _run_batch(ctx, model, input_dir, output_dir, npus, ray_address, backend, json_path,
+               ray_start_timeout=None) -> None:
     """``run MODEL --input-dir DIR --output DIR --npus N [--ray-address ADDR]``: see npu_deploy.distributed."""
     from npu_deploy.runtime.distributed import run_batch
 
     if input_dir is None:
         raise InputError("--npus / --ray-address run a batch: give the samples with --input-dir DIR",
                          hint="one sample per file: <id>.npy, or <id>.npz with one member per input")
-    refuse_overwriting([("--json", json_path)], [("model", model)])
+    refuse_overwriting([("--json", json_path), ("--output", output_dir)], [("model", model), ("--input-dir", input_dir)])
     if json_path is not None:
         check_dest(Path(json_path))
-    result = run_batch(model, input_dir, npus=npus, address=ray_address, output=output_dir, backend=backend)
+    result = run_batch(model, input_dir, npus=npus, address=ray_address, output=output_dir, backend=backend,
+                       start_timeout=ray_start_timeout)
     for w in result.warnings:
         click.echo(f"npu-deploy: warning: {printable(w)}", err=True)
     for f in result.failures[:20]:

@@ -463,7 +463,7 @@ def _bundle_tensor(t: Any) -> dict:
 
 
 def _inspect_bundle(path: Path, *, ops: bool, layers: bool, verify: bool) -> InspectReport:
-    from npu_deploy.converters.files.bundle import check_self_contained, read_bundle, validate_manifest
+    from npu_deploy.converters.files.bundle import check_graph, check_self_contained, read_bundle, validate_manifest
 
     problems: list[str] = []
     notes: list[str] = []
@@ -499,7 +499,9 @@ def _inspect_bundle(path: Path, *, ops: bool, layers: bool, verify: bool) -> Ins
     for name, run in (("self-contained (no external data, functions or foreign op domains)",
                        lambda: check_self_contained(graph)),
                       ("manifest fields have the types and ranges the runtime reads",
-                       lambda: validate_manifest(m))):
+                       lambda: validate_manifest(m)),
+                      ("graph and manifest agree (element types, producers, dtypes, sizes)",
+                       lambda: check_graph(graph, m))):
         try:
             run()
             check(name, True)

@@ -23,6 +23,7 @@ from npu_deploy.distributed import BatchResult, run_batch  # noqa: E402
 from npu_deploy.errors import ExternalError, InputError, ModelError  # noqa: E402
 from npu_deploy import _ray as R  # noqa: E402
 from npu_deploy.runtime import distributed as D  # noqa: E402
+from npu_deploy.runtime.distributed import _driver, _results, _ring, _samples as S  # noqa: E402
 from tests.fullfs import full_fs  # noqa: E402,F401  (fixture)
 
 NPUS = 2
@@ -141,11 +142,11 @@ def test_a_folder_gives_the_same_files_whether_the_actors_share_the_file_system_
     np.save(src / "s005.npy", np.zeros((2, 8), np.float32))        # fails in the run
     # actors on this host read the samples and write the outputs: the driver does neither
     with monkeypatch.context() as m:
-        m.setattr(D, "_feeds_from_file", _refuse("the driver read a sample"))
+        m.setattr(S, "_feeds_from_file", _refuse("the driver read a sample"))
         m.setattr(D._Writer, "write", _refuse("the driver wrote an output"))
         shared = run_batch(tiny, src, npus=NPUS, output=tmp_path / "shared", progress=False)
     # actors that do not see these files (another host): the driver reads and writes, through Ray
-    monkeypatch.setattr(D, "_shares_files", lambda ray, infos, probes, address: [False] * len(infos))
+    monkeypatch.setattr(_driver, "_shares_files", lambda ray, infos, probes, address: [False] * len(infos))
     apart = run_batch(tiny, src, npus=NPUS, output=tmp_path / "apart", progress=False)
     assert [f.id for f in shared.failures] == ["a.npy", "s005.npy"]
     assert [(f.id, f.error) for f in shared.failures] == [(f.id, f.error) for f in apart.failures]
@@ -162,7 +163,9 @@ def test_a_folder_gives_the_same_files_whether_the_actors_share_the_file_system_
 
 
 def _shm_segments():
-    return set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
+    """Our shared memory segments (multiprocessing's psm_*); other processes' semaphores (sem.*) on a
+    shared machine come and go on their own."""
+    return {n for n in os.listdir("/dev/shm") if n.startswith("psm_")} if os.path.isdir("/dev/shm") else set()
 
 
 def test_samples_in_shared_memory_and_through_ray_give_the_same_results(cluster, tiny, monkeypatch):
@@ -213,7 +216,7 @@ def test_an_actor_that_cannot_see_the_shared_memory_gets_the_arrays_through_ray(
 def test_no_shared_memory_where_dev_shm_is_too_small(monkeypatch):
     class Small:
         f_bavail, f_frsize = 100, 4096  # 400 KB free, as in a container with a tiny /dev/shm
-    monkeypatch.setattr(D.os, "statvfs", lambda path: Small())
+    monkeypatch.setattr(_ring.os, "statvfs", lambda path: Small())
     assert D._Ring.for_samples(600, 110_592) is None
     monkeypatch.undo()
     if os.path.isdir("/dev/shm") and os.statvfs("/dev/shm").f_bavail * os.statvfs("/dev/shm").f_frsize > 64 << 20:
@@ -351,7 +354,7 @@ def test_cli_run_npus_writes_one_file_per_sample(cluster, tiny, tmp_path, run_cl
     code, stdout, stderr = run_cli("run", tiny, "--input-dir", src, "--output", out, "--npus", "2",
                                    "--json", tmp_path / "batch.json")
     assert code == 0, stderr
-    assert "6 samples on 2 NPUs" in stdout.strip().splitlines()[-1]
+    assert "6 samples on 2 NPUs (3/3)" in stdout.strip().splitlines()[-1]
     ref = _single_session(tiny, xs)
     for i in range(6):
         np.testing.assert_array_equal(np.load(out / f"{i}.npy"), ref[i])
@@ -421,7 +424,7 @@ def test_latency_summary_is_exact_where_it_can_be_and_bounded_in_memory(monkeypa
     got = full.stats()
     for f in ("count", "min_ms", "max_ms", "p50_ms", "p99_ms"):
         assert getattr(got, f) == pytest.approx(getattr(want, f)), f
-    monkeypatch.setattr(D, "LATENCY_SAMPLE", 500)
+    monkeypatch.setattr(_results, "LATENCY_SAMPLE", 500)
     small = D._Latencies(seed=0)
     for x in xs:
         small.add(x)
@@ -499,7 +502,7 @@ def test_a_full_output_disk_stops_the_run_with_one_exit_3_error_and_no_partial_f
     if shared:
         monkeypatch.setattr(D._Writer, "write", _refuse("the driver wrote an output"))
     else:
-        monkeypatch.setattr(D, "_shares_files", lambda ray, infos, probes, address: [False] * len(infos))
+        monkeypatch.setattr(_driver, "_shares_files", lambda ray, infos, probes, address: [False] * len(infos))
     before = sorted(p.name for p in full_fs.iterdir())
     with pytest.raises(OutputError, match="No space left on device") as ei:
         run_batch(tiny, src, npus=NPUS, output=full_fs, progress=False)
