@@ -202,8 +202,13 @@ def load_model(path: str | os.PathLike, *, input_shapes: Mapping[str, Sequence[i
         raise ModelError(f"{p}: no such file", hint="check the model path")
     if p.is_dir():
         raise ModelError(f"{p}: is a folder, not an ONNX file")
+    if not p.is_file():  # /dev/zero, a FIFO: a read that never ends
+        raise ModelError(f"{p}: is not a regular file (a device, pipe or socket)", hint="give an .onnx file")
     try:
-        model = onnx.load(str(p), load_external_data=False)
+        with open(p, "rb") as f:  # our own read: onnx's open refuses a non-UTF-8 file name
+            model = onnx.load_model_from_string(f.read())
+    except OSError as e:
+        raise ModelError(f"{p}: cannot read ({e.strerror})") from None
     except Exception as e:  # protobuf DecodeError, or onnx's own errors
         raise ModelError(f"{p}: not an ONNX model (protobuf parse failed: {str(e).splitlines()[0][:120]})",
                          hint="check the file is a complete .onnx export") from None

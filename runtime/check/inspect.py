@@ -163,6 +163,9 @@ def detect_kind(path: str | os.PathLike) -> str:
         raise InputError(f"{p}: no such file", hint="check the path")
     if p.is_dir():
         raise InputError(f"{p}: is a folder", hint="give a model file (.onnx, bundle or .om)")
+    if not p.is_file():  # a device (/dev/zero), a FIFO, a socket: endless or blocking reads
+        raise InputError(f"{p}: is not a regular file (a device, pipe or socket)",
+                         hint="give a model file (.onnx, bundle or .om)")
     try:
         with open(p, "rb") as f:
             head = f.read(16)
@@ -315,8 +318,12 @@ def _inspect_onnx(path: Path, *, soc: str | None, ops: bool, layers: bool,
                   precision_mode: str | None) -> InspectReport:
     import onnx
     from google.protobuf.message import DecodeError
+
+    from npu_deploy.converters.files.onnx_model import check_initializer_sizes  # imports onnx, as above
     try:
-        model = onnx.load(str(path), load_external_data=False)
+        # the bytes read here, bounded by the file's size (a non-UTF-8 file name defeats onnx's own open)
+        with open(path, "rb") as f:
+            model = onnx.load_model_from_string(f.read(path.stat().st_size))
     except (DecodeError, ValueError, RuntimeError, UnicodeDecodeError) as e:
         raise ModelError(f"{path}: not an ONNX model, offline bundle or .om ({type(e).__name__})",
                          hint="inspect reads .onnx models, npu-deploy bundles and ATC .om files") from None
@@ -328,6 +335,10 @@ def _inspect_onnx(path: Path, *, soc: str | None, ops: bool, layers: bool,
     g = model.graph
     problems: list[str] = []
     notes: list[str] = []
+    try:  # what convert would refuse at load (onnx.checker passes it)
+        check_initializer_sizes(g, path)
+    except ModelError as e:
+        problems.append(e.message)
     init_names = {t.name for t in g.initializer}
     inputs = [_value_info(vi) for vi in g.input if vi.name not in init_names]
     outputs = [_value_info(vi) for vi in g.output]
