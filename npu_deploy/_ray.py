@@ -126,7 +126,7 @@ def connect(address: str | None, *, npus: int | None = None, num_cpus: int | Non
     return True
 
 
-class _StartTimeout(Exception):
+class _StartTimeout(BaseException):  # not an Exception: Ray's own `except Exception` must not swallow it
     pass
 
 

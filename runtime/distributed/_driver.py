@@ -117,6 +117,7 @@ def run_batch(model: str | os.PathLike, inputs: Any, *, npus: int | None = None,
     started = connect(address, npus=npus, start_timeout=start_timeout)
     ray = import_ray()
     actors: list = []
+    box: list = []  # the run's _Drive, once it exists: its chunks in flight are waited for at the end
     try:
         have = cluster_npus()
         if have < 1:
@@ -143,17 +144,26 @@ def run_batch(model: str | os.PathLike, inputs: Any, *, npus: int | None = None,
         ring_ok = [bool(info.get("shares_memory")) and here is not None and info.get("node") == here
                    and not (address or "").startswith("ray://") for info in infos]
         return _drive(ray, actors, infos, model, inputs, output, max_in_flight, chunk, on_result, progress,
-                      address, backend, local_read, local_write, ring_ok)
+                      address, backend, local_read, local_write, ring_ok, box)
     finally:
-        for a in actors:
-            try:
-                ray.kill(a, no_restart=True)
-            except Exception:  # already gone
-                pass
+        _stop(ray, actors, box, started)
         if output is not None:  # parts of actors that died while writing (their pid names them)
             clean_stale_parts(output)
-        if started:
-            ray.shutdown()
+
+
+def _stop(ray, actors: list, box: list, started: bool) -> None:
+    """End the actors (and the local cluster this run started) before the output folder is cleaned: an
+    actor killed asynchronously could otherwise still write a temporary file after the clean-up (a
+    SIGTERM'd run must leave nothing)."""
+    for a in actors:
+        with contextlib.suppress(Exception):  # already gone
+            ray.kill(a, no_restart=True)
+    pending = list(box[0].pending) if box else []
+    if pending:  # a killed actor's calls end with an error once it is dead
+        with contextlib.suppress(BaseException):
+            ray.wait(pending, num_returns=len(pending), timeout=30.0)
+    if started:
+        ray.shutdown()
 
 
 def _check_before_ray(inputs: Any, npus: int | None, address: str | None) -> int | None:
@@ -161,22 +171,27 @@ def _check_before_ray(inputs: Any, npus: int | None, address: str | None) -> int
     100,000 NPUs would start workers until memory runs out): an input folder with no sample, and a
     local cluster asked for more NPUs than :func:`local_max_npus`. Returns the number of samples when
     it is known."""
-    if address is None and npus is not None and npus > local_max_npus():
-        raise InputError(f"--npus {npus}: a local Ray cluster here runs at most {local_max_npus()} NPU workers "
-                         f"(an Ascend host has at most {LOCAL_MAX_NPUS} NPUs; on the emulator more workers than "
-                         "CPUs only share the same cores)",
-                         hint=f"ask for at most --npus {local_max_npus()}, or give --ray-address of a cluster "
-                              "declaring more NPUs")
+    total: int | None = None
     if isinstance(inputs, (str, os.PathLike)):
         files, _ = input_files(inputs)
         if not files:
             raise InputError(f"--input-dir {inputs}: no .npy or .npz files in it",
                              hint="one sample per file: <id>.npy (one input) or <id>.npz (one member per input)")
-        return len(files)
-    try:
-        return len(inputs)
-    except TypeError:
-        return None
+        total = len(files)
+    else:
+        try:
+            total = len(inputs)
+        except TypeError:
+            total = None
+    ray = sys.modules.get("ray")  # a Ray session this process already runs declares its own NPUs
+    joined = ray is not None and getattr(ray, "is_initialized", lambda: False)()
+    if address is None and not joined and npus is not None and npus > local_max_npus():
+        raise InputError(f"--npus {npus}: a local Ray cluster here runs at most {local_max_npus()} NPU workers "
+                         f"(an Ascend host has at most {LOCAL_MAX_NPUS} NPUs; on the emulator more workers than "
+                         "CPUs only share the same cores)",
+                         hint=f"ask for at most --npus {local_max_npus()}, or give --ray-address of a cluster "
+                              "declaring more NPUs")
+    return total
 
 
 def _node_id(ray) -> str | None:
@@ -489,9 +504,11 @@ class _Drive:
 
 
 def _drive(ray, actors, infos, model, inputs, output, max_in_flight, chunk_size, on_result, progress, address,
-           backend, local_read, local_write, ring_ok) -> BatchResult:
+           backend, local_read, local_write, ring_ok, box: list | None = None) -> BatchResult:
     t0 = time.perf_counter()
     d = _Drive(ray, actors, infos, inputs, output, max_in_flight, chunk_size, on_result, progress,
                local_read, local_write, ring_ok)
+    if box is not None:
+        box.append(d)
     d.run()
     return d.result(model, address, backend, output, time.perf_counter() - t0)

@@ -534,3 +534,111 @@ def test_ray_data_map_batches_runs_the_model_row_by_row(cluster, tiny):
     two = rd.from_items([{"image": x, "id": i} for i, x in enumerate(xs[:4])])
     with pytest.raises(Exception, match=r"model input 'x': no column 'x' in the batch"):
         two.map_batches(NpuPredictor, fn_constructor_kwargs={"model": str(tiny)}, **kw).take_all()
+
+
+# ------------------------------------------------------------------------------------------ issue 23
+def test_an_impossible_request_is_refused_before_ray_starts(tiny, tmp_path, run_cli):
+    """--npus 100000 over an empty folder, then over a real one: one exit-2 line within seconds, and
+    no Ray started for it (the report: 61 workers and 4.9 GB of raylet after 200 s, no error)."""
+    was_running = ray.is_initialized()
+    empty = tmp_path / "in"
+    empty.mkdir()
+    t0 = time.monotonic()
+    code, _, err = run_cli("run", tiny, "--npus", "100000", "--input-dir", empty, "--output", tmp_path / "out")
+    assert code == 2 and "no .npy or .npz" in err and len(err.strip().splitlines()) == 1, err
+    np.save(empty / "a.npy", _samples(1, seed=1)[0])
+    code, _, err = run_cli("run", tiny, "--npus", "100000", "--input-dir", empty, "--output", tmp_path / "out")
+    # no Ray yet: the local bound; the module's cluster already running here: the NPUs it declares
+    want = "has 2 NPUs" if was_running else "runs at most"
+    assert code == 2 and want in err and len(err.strip().splitlines()) == 1, err
+    assert time.monotonic() - t0 < 10
+    assert ray.is_initialized() == was_running and not (tmp_path / "out").exists()
+
+
+def test_two_npus_share_even_a_small_batch_and_the_split_is_reported(cluster, tiny):
+    xs = _samples(16, seed=9)
+    r = run_batch(tiny, xs, npus=NPUS, progress=False)
+    assert r and [w.samples for w in r.workers] == [8, 8], r.table()
+    assert "16 samples on 2 NPUs (8/8)" in r.verdict()
+    r = run_batch(tiny, _samples(200, seed=10), npus=NPUS, progress=False)
+    assert sorted(w.samples for w in r.workers) == [100, 100], r.table()
+
+
+def _cli(*args, env=None):
+    import subprocess
+    import sys
+
+    code = "import sys; from npu_deploy.cli.main import main; sys.exit(main(sys.argv[1:]))"
+    return subprocess.Popen([sys.executable, "-c", code, *map(str, args)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env)
+
+
+def _ray_env(tmp):
+    """Ray's files (and so its processes' command lines) under a folder of this test's own."""
+    import tempfile
+
+    d = tempfile.mkdtemp(prefix="rt", dir="/tmp")  # short: Ray's socket paths must fit 107 bytes
+    env = dict(os.environ, RAY_TMPDIR=d, NPU_DEPLOY_RAY_START_TIMEOUT="300")
+    env.pop("RAY_ADDRESS", None)
+    return d, env
+
+
+def _left_behind(procs, ray_dir, wait_s=20.0):
+    import psutil
+
+    deadline = time.monotonic() + wait_s
+    while True:
+        alive = [p for p in procs if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+        tagged = []
+        for p in psutil.process_iter(["cmdline"]):
+            with __import__("contextlib").suppress(Exception):
+                if any(ray_dir in a for a in p.info["cmdline"] or ()):
+                    tagged.append(p)
+        if not alive and not tagged or time.monotonic() > deadline:
+            return alive + tagged
+        time.sleep(0.5)
+
+
+@pytest.mark.slow
+def test_sigterm_during_a_ray_run_is_143_one_line_nothing_left(tiny, tmp_path):
+    import psutil
+    import signal
+
+    src, out = tmp_path / "in", tmp_path / "out"
+    src.mkdir()
+    for i, x in enumerate(_samples(3000, seed=11)):
+        np.save(src / f"{i:05d}.npy", x)
+    ray_dir, env = _ray_env(tmp_path)
+    proc = _cli("run", tiny, "--input-dir", src, "--npus", "2", "--output", out, env=env)
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline and proc.poll() is None:
+        if out.is_dir() and sum(1 for _ in out.iterdir()) > 5:  # the actors are writing
+            break
+        time.sleep(0.2)
+    assert proc.poll() is None, proc.communicate()
+    family = psutil.Process(proc.pid).children(recursive=True)
+    assert family  # Ray's GCS, raylet and workers
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 143, err
+    assert err.strip().splitlines() == ["npu-deploy: interrupted (SIGTERM); no partial output left"], err
+    assert not out.exists()
+    assert not _left_behind(family, ray_dir)
+
+
+@pytest.mark.slow
+def test_a_slow_ray_start_is_one_exit_3_line_naming_the_option(tiny, tmp_path):
+    src = tmp_path / "in"
+    src.mkdir()
+    np.save(src / "a.npy", _samples(1, seed=12)[0])
+    ray_dir, env = _ray_env(tmp_path)
+    t0 = time.monotonic()
+    proc = _cli("run", tiny, "--input-dir", src, "--npus", "2", "--output", tmp_path / "out",
+                "--ray-start-timeout", "0.2", env=env)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 3, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "did not start within 0.2 s" in lines[0] and "--ray-start-timeout" in lines[0], err
+    assert time.monotonic() - t0 < 60
+    assert not (tmp_path / "out").exists()
+    assert not _left_behind([], ray_dir)
