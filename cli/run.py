@@ -16,7 +16,8 @@ from pathlib import Path
 import click
 import numpy as np
 
-from npu_deploy._io import atomic_path, atomic_write, check_dest, load_npy, make_output_folder, safe_file_stem
+from npu_deploy._io import (atomic_path, atomic_write, check_dest, clean_stale_parts_below, load_npy,
+                            make_output_folder, safe_file_stem)
 from npu_deploy._display import dims
 from npu_deploy._text import printable
 from npu_deploy.cli.feedback import RunProgress, interactive
@@ -247,6 +248,7 @@ def _dump_emulator(sess, feeds: dict, dump_dir: str, model: str, device_id: int)
     with read_bundle(sess.path, verify=False) as b:  # the graph gives each output's index in its ONNX node
         index = onnx_output_indices(b.graph)
     _, ops = sess.backend.run_recorded(feeds)
+    clean_stale_parts_below(dump_dir)  # what a killed earlier dump left in its own time folder
     now = time.time()
     for second in range(3600):  # a run within the same second as the last one takes the next second's folder
         folder = dump_run_folder(dump_dir, Path(model).stem, when=now + second, device_id=device_id)

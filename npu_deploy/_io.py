@@ -369,6 +369,30 @@ def clean_stale_parts(folder: str | os.PathLike, *, now: float | None = None) ->
     return removed
 
 
+def clean_stale_parts_below(root: str | os.PathLike, *, depth: int = 6) -> list[Path]:
+    """:func:`clean_stale_parts` in ``root`` and every folder below it (at most ``depth`` levels, symlinks
+    not followed), then remove the folders that only such files held (up to, not including, ``root``).
+    For trees where each run writes into a folder of its own (``run --dump``: ``DIR/{time}/...``), which
+    a later run never writes into again: a run killed with SIGKILL leaves its parts there."""
+    root = Path(root)
+    removed: list[Path] = []
+    if not root.is_dir() or root.is_symlink():
+        return removed
+    for here, dirs, _ in os.walk(root, topdown=False, followlinks=False):
+        if len(Path(here).relative_to(root).parts) > depth or not os.path.isdir(here):  # removed below
+            continue
+        gone = clean_stale_parts(here)
+        removed += gone
+        d = Path(here)
+        while gone and d != root and root in d.parents:
+            try:
+                d.rmdir()  # only when empty
+            except OSError:
+                break
+            d = d.parent
+    return removed
+
+
 def clean_parts_once(folder: str | os.PathLike) -> None:
     """:func:`clean_stale_parts` of ``folder`` the first time this process writes there (as
     :func:`atomic_path` does before its first write); later calls do nothing."""

@@ -344,3 +344,20 @@ def test_a_non_utf8_file_name_is_read(tmp_path, run_cli):
 def test_layout_rank_that_the_format_cannot_hold(run_cli):
     code, _, err = run_cli("layout", "info", "NC1HWC0", "--shape", "1,2")
     _refused(code, err, "rank")
+
+
+def test_the_next_run_dump_removes_what_a_killed_one_left(dump_dir, tmp_path, run_cli):
+    import subprocess
+    import sys
+
+    m, dd = dump_dir
+    child = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead = int(child.stdout)  # a pid that ran and is gone: as a writer killed with SIGKILL
+    killed = dd / "20000101000000" / "0" / "m" / "1" / "0"
+    killed.mkdir(parents=True)
+    (killed / f".Conv.conv1.2.0.1.{dead}.abcdefgh.part").write_bytes(b"half a dump")
+    code, _, err = run_cli("run", m.parent / "m.bundle", "--input", f"x={m.parent / 'x.npy'}", "--loop", "1",
+                           "--dump", dd)
+    assert code == 0, err
+    assert not (dd / "20000101000000").exists()
+    assert not list(dd.rglob("*.part"))
