@@ -646,8 +646,12 @@ def _inspect_om(path: Path, *, ops: bool, layers: bool) -> InspectReport:
                          problems=[], notes=list(om.notes), om=info)
 
 
+_DTYPE_NAME: dict = {}  # numpy's dtype.name is slow, and a dump repeats one dtype over thousands of tensors
+
+
 def _dump_tensor(name: str, t: dumpfile.DumpTensor, output: bool) -> dict:
-    e = {"name": name, "dtype": t.dtype.name, "format": t.format, "shape": list(t.shape),
+    dname = _DTYPE_NAME.get(t.dtype) or _DTYPE_NAME.setdefault(t.dtype, t.dtype.name)
+    e = {"name": name, "dtype": dname, "format": t.format, "shape": list(t.shape),
          "original_shape": list(t.original_shape), "sub_format": t.sub_format, "bytes": int(t.data.nbytes)}
     if output:
         e.update(original_name=t.original_name, original_index=t.original_index,
