@@ -396,7 +396,7 @@ def command(ctx, model, inputs, input_dir, pure_data, loop, warmup, batch_size, 
         if output_dir is not None:  # before the runs: an output file must not be one of the inputs
             planned = output_paths(output_dir, names, outfmt) + [Path(output_dir) / NAMES_FILE]
             refuse_overwriting([("--output file", p) for p in planned] + [("--json", json_path)],
-                               [("model", model), *[("input file", p) for p in sources]])
+                               [("model", model), ("--input-dir", input_dir), *[("input file", p) for p in sources]])
         click.echo(f"model: {model}  backend: {sess.backend_name}")
         if sess.conversion:
             click.echo(f"  converted in memory: {sess.conversion}")

@@ -159,6 +159,23 @@ def test_debug_compare_never_writes_into_the_dumps(dump_dir, run_cli):
     assert _digest(dd) == before
 
 
+def test_run_and_compare_never_write_over_what_they_read(good_bundle, tmp_path, run_cli):
+    m = good_bundle.parent / "m.onnx"
+    src = tmp_path / "in"
+    src.mkdir()
+    np.save(src / "x.npy", np.random.default_rng(3).random((1, 3, 64, 64), dtype=np.float32))
+    before = _digest(src)
+    # outputs of one run inside the folder its inputs come from: the next run would read them
+    code, _, err = run_cli("run", good_bundle, "--input-dir", src, "--loop", "1", "--output", src / "out")
+    _refused(code, err, "inside")
+    inputs = tmp_path / "feeds.npz"
+    np.savez(inputs, x=np.load(src / "x.npy"))
+    saved = inputs.read_bytes()
+    code, _, err = run_cli("compare", m, good_bundle, "--load-inputs", inputs, "--save-inputs", inputs)
+    _refused(code, err, "itself")
+    assert _digest(src) == before and inputs.read_bytes() == saved
+
+
 # ------------------------------------------------------------------------------------------ exit 4 → 2
 def _conv_with_lying_initializer(path: Path) -> Path:
     """A Conv whose weight says dims (32,3,3,1) and holds 864 floats: onnx.checker passes it."""
