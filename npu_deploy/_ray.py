@@ -25,7 +25,7 @@ import threading
 import time
 from typing import Any
 
-from npu_deploy.errors import DependencyError, ExternalError, InputError
+from npu_deploy.errors import DependencyError, ExternalError, InputError, NpuDeployError
 
 RAY_HINT = "pip install 'npu-deploy[ray]'"
 #: seconds allowed for a Ray address to answer (``NPU_DEPLOY_RAY_TIMEOUT`` overrides)
@@ -116,7 +116,9 @@ def connect(address: str | None, *, npus: int | None = None, num_cpus: int | Non
                 if npus:
                     kw["resources"] = {"NPU": int(npus)}
                 _start_local(ray, dict(kw, num_cpus=num_cpus or os.cpu_count() or 1), wait)
-    except (ConnectionError, TimeoutError, RuntimeError, OSError, ValueError) as e:
+    except NpuDeployError:
+        raise
+    except Exception as e:  # Ray's own errors (some are a bare Exception): the environment, one line
         why = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
         if address is not None:
             raise ExternalError(f"cannot join the Ray cluster at {address} ({why})",
@@ -166,7 +168,8 @@ def _start_local(ray, kw: dict, wait: float) -> None:
     finally:
         if timer:
             signal.setitimer(signal.ITIMER_REAL, 0)
-            signal.signal(signal.SIGALRM, previous)
+            if previous is not None:  # None: a handler set outside Python, which cannot be put back
+                signal.signal(signal.SIGALRM, previous)
 
 
 def _children() -> set[int]:
