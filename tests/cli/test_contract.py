@@ -156,6 +156,9 @@ def test_debug_compare_never_writes_into_the_dumps(dump_dir, run_cli):
                         ("--html", inputs.parent / "report.html")):
         code, _, err = run_cli("debug", "compare", m, dd, opt, target)
         _refused(code, err, "inside")
+    # one dump file given: its folder (inputs.npz, mapping.csv, the other dumps) is read with it
+    code, _, err = run_cli("debug", "compare", m, a_dump, "--csv", inputs.parent / "inputs.npz")
+    _refused(code, err)
     assert _digest(dd) == before
 
 
