@@ -685,11 +685,12 @@ def _entry_bytes(e: dict) -> int:
         item = np.dtype(e.get("dtype") or "float32").itemsize
     except TypeError:
         item = 1
-    most = int(e.get("nbytes") or 0)
+    nbytes = e.get("nbytes")
+    most = nbytes if _is_int(nbytes) else 0
     for key in ("shape", "device_shape", "graph_shape"):
         dims = e.get(key)
-        if isinstance(dims, list) and dims:
-            most = max(most, _prod(tuple(max(int(d), 1) for d in dims)) * item)
+        if isinstance(dims, list) and dims and all(_is_int(d) for d in dims):
+            most = max(most, _prod(tuple(max(d, 1) for d in dims)) * item)
     return most
 
 
@@ -710,7 +711,8 @@ def check_graph(graph: onnx.ModelProto, manifest: dict) -> None:
             raise BundleError(f"graph initializer {_quote(t.name)} has element type {t.data_type}, which is no "
                               "ONNX type", hint="re-convert the model")
     known = {vi.name for vi in g.input} | {t.name for t in g.initializer} | {""}
-    known.update(w.get("name") for w in manifest.get("weights") or () if isinstance(w, dict))  # in the blob
+    weights = manifest.get("weights")
+    known.update(w.get("name") for w in (weights if isinstance(weights, list) else ()) if isinstance(w, dict))
     known.update(o for n in g.node for o in n.output)
     for n in g.node:
         for t in n.input:
@@ -721,8 +723,11 @@ def check_graph(graph: onnx.ModelProto, manifest: dict) -> None:
         if vi.name not in known:
             raise BundleError(f"graph output {_quote(vi.name)} has no producer", hint="re-convert the model")
     graph_io = {vi.name: vi for vi in (*g.input, *g.output)}
-    for side in ("inputs", "outputs"):
-        for k, e in enumerate(manifest.get(side) or []):
+    for side in ("inputs", "outputs"):  # run after validate_manifest, or beside it (inspect): types not assumed
+        entries = manifest.get(side)
+        for k, e in enumerate(entries if isinstance(entries, list) else []):
+            if not isinstance(e, dict) or not isinstance(e.get("name"), str):
+                continue
             vi = graph_io.get(e.get("name"))
             if vi is not None and vi.type.HasField("tensor_type"):
                 want = _elem_name(vi.type.tensor_type.elem_type)
