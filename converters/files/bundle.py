@@ -720,7 +720,7 @@ def check_graph(graph: onnx.ModelProto, manifest: dict) -> None:
                 raise BundleError(f"graph node {_quote(n.name or n.op_type)} reads {_quote(t)}, which nothing "
                                   "produces", hint="re-convert the model")
     for vi in g.output:
-        if vi.name not in known:
+        if not vi.name or vi.name not in known:  # "" is an absent optional input, never an output
             raise BundleError(f"graph output {_quote(vi.name)} has no producer", hint="re-convert the model")
     graph_io = {vi.name: vi for vi in (*g.input, *g.output)}
     for side in ("inputs", "outputs"):  # run after validate_manifest, or beside it (inspect): types not assumed

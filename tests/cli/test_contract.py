@@ -381,3 +381,67 @@ def test_the_next_run_dump_removes_what_a_killed_one_left(dump_dir, tmp_path, ru
     assert code == 0, err
     assert not (dd / "20000101000000").exists()
     assert not list(dd.rglob("*.part"))
+
+
+# ------------------------------------------------------------------------------------------ fuzz
+def _paths(obj, prefix=()):
+    """Every (path, value) in a parsed manifest, ``weights`` left out (checked against the blob)."""
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            if prefix == () and k in ("weights", "schema", "schema_version"):
+                continue
+            yield prefix + (k,), v
+            yield from _paths(v, prefix + (k,))
+    elif isinstance(obj, list):
+        for i, v in enumerate(obj):
+            yield prefix + (i,), v
+            yield from _paths(v, prefix + (i,))
+
+
+_ODD = [None, -1, 0, 2 ** 63, -2 ** 63, 1e308, "", "object", "float64", "NC1HWC0", "x" * 300, [], {},
+        [[[[]]]], [2 ** 40, 2 ** 40], {"name": "x"}, True]
+
+
+@pytest.mark.slow
+def test_manifest_and_graph_mutations_never_end_in_a_traceback(good_bundle, tmp_path):
+    """Structural mutations with valid checksums (one manifest value replaced, or one graph type / name
+    changed): ``run`` and ``inspect`` end in a documented exit code, never 4."""
+    import contextlib
+    import io
+    import random
+
+    from npu_deploy.cli.main import main
+
+    blob, graph, man = _sections(good_bundle)
+    paths = list(_paths(man))
+    rng = random.Random(23)
+    codes = []
+    for case in range(60):
+        m2 = json.loads(json.dumps(man))
+        g2 = onnx.ModelProto.FromString(graph.SerializeToString())
+        if case % 3 == 2:  # the graph: an element type, an output name, a node input
+            vis = list(g2.graph.input) + list(g2.graph.output) + list(g2.graph.value_info)
+            choice = rng.randrange(3)
+            if choice == 0 and vis:
+                rng.choice(vis).type.tensor_type.elem_type = rng.choice([0, 17, 25, 999, 2304])
+            elif choice == 1:
+                g2.graph.output[0].name = rng.choice(["", "ghost", g2.graph.input[0].name])
+            else:
+                node = rng.choice(list(g2.graph.node))
+                if node.input:
+                    node.input[rng.randrange(len(node.input))] = "ghost"
+        else:
+            path, _ = rng.choice(paths)
+            where = m2
+            for k in path[:-1]:
+                where = where[k]
+            where[path[-1]] = rng.choice(_ODD)
+        bad = _assemble(tmp_path / f"f{case}.bundle", blob, g2, m2)
+        for argv in (["run", str(bad), "--loop", "1"], ["inspect", str(bad)]):
+            err = io.StringIO()
+            with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
+                code = main(argv)
+            assert code in (0, 1, 2, 3), (case, argv[0], err.getvalue())
+            assert "Traceback" not in err.getvalue(), (case, argv[0], err.getvalue())
+            codes.append(code)
+    assert 2 in codes  # the mutations were seen
