@@ -712,7 +712,8 @@ def check_graph(graph: onnx.ModelProto, manifest: dict) -> None:
                               "ONNX type", hint="re-convert the model")
     known = {vi.name for vi in g.input} | {t.name for t in g.initializer} | {""}
     weights = manifest.get("weights")
-    known.update(w.get("name") for w in (weights if isinstance(weights, list) else ()) if isinstance(w, dict))
+    known.update(w["name"] for w in (weights if isinstance(weights, list) else ())
+                 if isinstance(w, dict) and isinstance(w.get("name"), str))  # in the blob
     known.update(o for n in g.node for o in n.output)
     for n in g.node:
         for t in n.input:
