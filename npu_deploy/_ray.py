@@ -132,7 +132,15 @@ class _StartTimeout(BaseException):  # not an Exception: Ray's own `except Excep
     pass
 
 
+_ALARM_ON = [False]  # the start is being timed: outside it a late SIGALRM does nothing
+
+
 def _alarm(signum, frame):
+    if not _ALARM_ON[0]:
+        return
+    # raised where the main thread happens to be; where Python ignores it (a logging lock released in a
+    # fork hook: "Exception ignored in ..."), the timer fires again soon, until the start has stopped
+    signal.setitimer(signal.ITIMER_REAL, 0.1)
     raise _StartTimeout()
 
 
@@ -145,6 +153,7 @@ def _start_local(ray, kw: dict, wait: float) -> None:
     timer = threading.current_thread() is threading.main_thread() and hasattr(signal, "setitimer")
     if timer:
         previous = signal.signal(signal.SIGALRM, _alarm)
+        _ALARM_ON[0] = True
         signal.setitimer(signal.ITIMER_REAL, wait)
     try:
         while True:
@@ -160,12 +169,14 @@ def _start_local(ray, kw: dict, wait: float) -> None:
                 if time.monotonic() >= deadline:
                     raise _StartTimeout() from None
     except _StartTimeout:
+        _ALARM_ON[0] = False
         if timer:
             signal.setitimer(signal.ITIMER_REAL, 0)
         _stop_started(ray, before)
         raise ExternalError(f"the local Ray cluster did not start within {wait:g} s (a loaded machine?)",
                             hint=START_HINT) from None
     finally:
+        _ALARM_ON[0] = False
         if timer:
             signal.setitimer(signal.ITIMER_REAL, 0)
             if previous is not None:  # None: a handler set outside Python, which cannot be put back

@@ -510,8 +510,17 @@ def test_a_full_output_disk_stops_the_run_with_one_exit_3_error_and_no_partial_f
     assert sorted(p.name for p in full_fs.iterdir()) == before  # not one .npy, not one .part
 
 
-# last in the module: after a row raised, Ray Data 2.60 keeps one actor of the pool, and its NPU, until
-# the driver ends (here: the module's cluster shuts down)
+def test_two_npus_share_even_a_small_batch_and_the_split_is_reported(cluster, tiny):
+    xs = _samples(16, seed=9)
+    r = run_batch(tiny, xs, npus=NPUS, progress=False)
+    assert r and [w.samples for w in r.workers] == [8, 8], r.table()
+    assert "16 samples on 2 NPUs (8/8)" in r.verdict()
+    r = run_batch(tiny, _samples(200, seed=10), npus=NPUS, progress=False)
+    assert sorted(w.samples for w in r.workers) == [100, 100], r.table()
+
+
+# last of the tests on the module's cluster: after a row raised, Ray Data 2.60 keeps one actor of the
+# pool, and its NPU, until the driver ends (the tests below start no actor there, or their own Ray)
 def test_ray_data_map_batches_runs_the_model_row_by_row(cluster, tiny):
     rd = pytest.importorskip("ray.data", reason="needs Ray Data: pip install 'npu-deploy[ray]'")
     from npu_deploy.distributed import NpuPredictor
@@ -553,15 +562,6 @@ def test_an_impossible_request_is_refused_before_ray_starts(tiny, tmp_path, run_
     assert code == 2 and want in err and len(err.strip().splitlines()) == 1, err
     assert time.monotonic() - t0 < 10
     assert ray.is_initialized() == was_running and not (tmp_path / "out").exists()
-
-
-def test_two_npus_share_even_a_small_batch_and_the_split_is_reported(cluster, tiny):
-    xs = _samples(16, seed=9)
-    r = run_batch(tiny, xs, npus=NPUS, progress=False)
-    assert r and [w.samples for w in r.workers] == [8, 8], r.table()
-    assert "16 samples on 2 NPUs (8/8)" in r.verdict()
-    r = run_batch(tiny, _samples(200, seed=10), npus=NPUS, progress=False)
-    assert sorted(w.samples for w in r.workers) == [100, 100], r.table()
 
 
 def _cli(*args, env=None):
