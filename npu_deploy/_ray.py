@@ -151,14 +151,19 @@ def _start_local(ray, kw: dict, wait: float) -> None:
     deadline = time.monotonic() + wait
     before = _children()
     timer = threading.current_thread() is threading.main_thread() and hasattr(signal, "setitimer")
+    hook = sys.unraisablehook
     if timer:
         previous = signal.signal(signal.SIGALRM, _alarm)
+        # where Python ignores the timer's exception it prints "Exception ignored in ..."; keep that quiet
+        sys.unraisablehook = lambda u: None if isinstance(u.exc_value, _StartTimeout) else hook(u)
         _ALARM_ON[0] = True
         signal.setitimer(signal.ITIMER_REAL, wait)
     try:
         while True:
             try:
                 ray.init(**kw)
+                if time.monotonic() > deadline:  # the timer was swallowed somewhere inside Ray: late is late
+                    raise _StartTimeout()
                 return
             except _StartTimeout:
                 raise
@@ -179,6 +184,7 @@ def _start_local(ray, kw: dict, wait: float) -> None:
         _ALARM_ON[0] = False
         if timer:
             signal.setitimer(signal.ITIMER_REAL, 0)
+            sys.unraisablehook = hook
             if previous is not None:  # None: a handler set outside Python, which cannot be put back
                 signal.signal(signal.SIGALRM, previous)
 

@@ -162,10 +162,22 @@ def test_a_folder_gives_the_same_files_whether_the_actors_share_the_file_system_
     assert shared.ok == apart.ok == 40 and sum(w.samples for w in shared.workers) == 40
 
 
+_OUR_RINGS: set[str] = set()  # names of the segments the driver's _Ring created in this process
+_real_ring_init = _ring._Ring.__init__
+
+
+def _recording_ring_init(self, *args, **kwargs):
+    _real_ring_init(self, *args, **kwargs)
+    _OUR_RINGS.add(self.name.lstrip("/"))
+
+
+_ring._Ring.__init__ = _recording_ring_init
+
+
 def _shm_segments():
-    """Our shared memory segments (multiprocessing's psm_*); other processes' semaphores (sem.*) on a
-    shared machine come and go on their own."""
-    return {n for n in os.listdir("/dev/shm") if n.startswith("psm_")} if os.path.isdir("/dev/shm") else set()
+    """The driver's shared memory segments still in /dev/shm (on a shared machine other processes'
+    segments come and go on their own)."""
+    return {n for n in os.listdir("/dev/shm") if n in _OUR_RINGS} if os.path.isdir("/dev/shm") else set()
 
 
 def test_samples_in_shared_memory_and_through_ray_give_the_same_results(cluster, tiny, monkeypatch):
