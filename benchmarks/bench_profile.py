@@ -24,12 +24,15 @@ import csv
 import os
 import platform
 import random
+import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from npu_deploy.profiling.parse import SORT_RUN
 
 HEADER = ("Device_id,Model ID,Task ID,Stream ID,Op Name,OP Type,OP State,Task Type,Task Start Time(us),"
           "Task Duration(us),Task Wait Time(us),Block Num,Mix Block Num,HF32 Eligible,Input Shapes,"
@@ -138,6 +141,45 @@ def generate_timeline(path: Path, size_bytes: int, seed: int = 0) -> int:
     return n
 
 
+REAL_TRACE = Path(__file__).resolve().parents[2] / "shared" / "data" / "profiles" / "mstt_fixtures" / "trace_view.json"
+
+
+def generate_real_timeline(path: Path, size_bytes: int, *, shuffle: bool, seed: int = 0) -> int:
+    """The real torch_npu timeline of ``../shared`` (mstt fixture: host cpu_ops, flows, CANN and
+    Ascend Hardware events, every event kind of a real capture) repeated up to ``size_bytes``, each copy
+    shifted in time and its flow ids renumbered. ``shuffle``: the events of each copy in random order,
+    so that every thread, the device's included, goes back in time (the reader must sort them).
+    Returns the number of events."""
+    import json
+
+    src = json.loads(REAL_TRACE.read_text(encoding="utf-8"))
+    stamps = [float(e["ts"]) for e in src if "ts" in e]
+    span = max(stamps) - min(stamps) + 100.0
+    meta = [e for e in src if e.get("ph") == "M"]
+    body = [e for e in src if e.get("ph") != "M"]
+    rnd = random.Random(seed)
+    n = len(meta)
+    with open(path, "w", encoding="utf-8") as f:
+        f.write("[" + ",\n".join(json.dumps(e) for e in meta))
+        k = 0
+        while f.tell() < size_bytes:
+            out = []
+            for e in body:
+                e = dict(e)
+                if "ts" in e:
+                    e["ts"] = f"{float(e['ts']) + k * span:.3f}"
+                if isinstance(e.get("id"), int):
+                    e["id"] += k * 1_000_000
+                out.append(json.dumps(e))
+            if shuffle:
+                rnd.shuffle(out)
+            f.write(",\n" + ",\n".join(out))
+            n += len(out)
+            k += 1
+        f.write("]\n")
+    return n
+
+
 def _child(mode: str, path: str) -> None:
     import resource
 
@@ -202,61 +244,65 @@ def _replace_section(path: Path, text: str, marker: str = _SECTION) -> None:
 
 
 def timeline_main(a) -> None:
-    tmp = tempfile.mkdtemp()
+    """Peak RSS and CPU time of ``analyze_profile`` on timelines of ``a.timeline`` GiB of three event
+    mixes (the real capture repeated, the same shuffled, the generated synthetic mix), each beside
+    ``json.load`` of a small file of the same mix."""
+    tmp = Path(tempfile.mkdtemp())
+    mixes = [("real capture repeated", "real"), ("real, every thread out of time order", "shuffled"),
+             ("synthetic (generated events)", "synthetic")]
+    if not REAL_TRACE.is_file():
+        print(f"note: {REAL_TRACE} not found (../shared beside the clone): synthetic mix only")
+        mixes = mixes[2:]
+
+    def make(path: Path, size: int, mix: str) -> int:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if mix == "synthetic":
+            return generate_timeline(path, size)
+        return generate_real_timeline(path, size, shuffle=mix == "shuffled")
+
+    rows = []
+    verdicts = {}
     try:
-        big = Path(tmp) / "big" / "trace_view.json"
-        small = Path(tmp) / "small" / "trace_view.json"
-        big.parent.mkdir()
-        small.parent.mkdir()
-        t0 = time.perf_counter()
-        n_big = generate_timeline(big, int(a.timeline * (1 << 30)))
-        gen_s = time.perf_counter() - t0
-        n_small = generate_timeline(small, int(a.baseline_gib * (1 << 30)))
-        runs: dict[str, list] = {"ours big": [], "ours small": [], "json.load small": []}
-        verdict = ""
-        for _ in range(a.repeat):
-            runs["json.load small"].append(_measure("json.load", small))
-            runs["ours small"].append(_measure("ours", small))
-            m = _measure("ours", big)
-            runs["ours big"].append(m)
-            verdict = m[3]
+        for label, mix in mixes:
+            big, small = tmp / mix / "big" / "trace_view.json", tmp / mix / "small" / "trace_view.json"
+            n_big = make(big, int(a.timeline * (1 << 30)), mix)
+            make(small, int(a.baseline_gib * (1 << 30)), mix)
+            runs: dict[str, list] = {"big": [], "small": [], "json": []}
+            for _ in range(a.repeat):
+                runs["json"].append(_measure("json.load", small))
+                runs["small"].append(_measure("ours", small))
+                runs["big"].append(_measure("ours", big))
 
-        def med(key, i):
-            return statistics.median(r[i] for r in runs[key])
+            def med(key, i, runs=runs):
+                return statistics.median(r[i] for r in runs[key])
 
-        gib_big, gib_small = big.stat().st_size / (1 << 30), small.stat().st_size / (1 << 30)
-        load = os.getloadavg()
-        text = f"""## `npu-deploy profile analyze`: a {gib_big:.2f} GiB trace_view.json, streamed
-
-Generated by `benchmarks/bench_profile.py --timeline {a.timeline:g}` (torch_npu layout, bare JSON array:
-host `Python` and `CANN` events, `Ascend Hardware` kernels with a TransData every 10th, an HCCL collective
-every 600 events; {n_big:,} events in {gib_big:.2f} GiB, generated in {gen_s:.0f} s). The streaming reader
-decodes one event at a time over a 1 MiB window, in two passes (names and time order, then the events).
-`json.load` (the reader it replaced) is measured side by side on a {gib_small:.2f} GiB file of the same
-kind ({n_small:,} events); on the full file it needs several times the file size in memory (4.1 GB was
-seen for 2 GiB). Median of {a.repeat} run(s), each in a fresh process; peak RSS is the whole process.
-Load average at the end: {load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f} on {os.cpu_count()} cores (other agents
-were running), so wall times are inflated; CPU times are less so.
-
-| machine | Python | file | reader | CPU / wall | peak RSS (target ≤ 300 MB) |
-|---|---|---|---|---|---|
-| {_machine()} | {platform.python_version()} | {gib_big:.2f} GiB | streaming (`analyze_profile`) | {med("ours big", 1):.1f} s / {med("ours big", 0):.1f} s | **{med("ours big", 2):.0f} MB** |
-| | | {gib_small:.2f} GiB | streaming (`analyze_profile`) | {med("ours small", 1):.1f} s / {med("ours small", 0):.1f} s | **{med("ours small", 2):.0f} MB** |
-| | | {gib_small:.2f} GiB | `json.load` alone | {med("json.load small", 1):.1f} s / {med("json.load small", 0):.1f} s | {med("json.load small", 2):.0f} MB |
-
-Throughput of the streaming analysis: {gib_big * 1024 / med("ours big", 1):.0f} MiB of timeline per CPU second.
-Verdict on the {gib_big:.2f} GiB file: `{verdict}`.
-"""
-        print(text)
-        if a.out:
-            _replace_section(Path(a.out), text)
-    finally:
-        for p in (Path(tmp) / "big" / "trace_view.json", Path(tmp) / "small" / "trace_view.json"):
-            if p.exists():
+            gib_big, gib_small = big.stat().st_size / (1 << 30), small.stat().st_size / (1 << 30)
+            verdicts[label] = runs["big"][-1][3]
+            rows.append(f"| {label} | {gib_big:.2f} GiB ({n_big:,} events) | {med('big', 1):.1f} s / {med('big', 0):.1f} s "
+                        f"| **{med('big', 2):.0f} MB** | {gib_small:.2f} GiB: {med('small', 2):.0f} MB "
+                        f"| {med('json', 2):.0f} MB |")
+            for p in (big, small):
                 p.unlink()
-        for d in (Path(tmp) / "big", Path(tmp) / "small", Path(tmp)):
-            if d.exists():
-                d.rmdir()
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    load = os.getloadavg()
+    text = f"""## `npu-deploy profile analyze`: {a.timeline:g} GiB timelines, streamed
+
+Generated by `benchmarks/bench_profile.py --timeline {a.timeline:g}` on {_machine()}, Python
+{platform.python_version()}; load average at the end {load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f} on {os.cpu_count()} cores
+(wall times inflate under load; CPU times and peak RSS much less). Median of {a.repeat} run(s), each in a fresh
+process; peak RSS is the whole process (the interpreter and its imports are about 25 MB of it).
+The real mix is `../shared/data/profiles/mstt_fixtures/trace_view.json` (a real torch_npu capture: host
+`cpu_op`s going back in time, flows, CANN and Ascend Hardware events) repeated and shifted in time; the
+shuffled mix puts each copy's events in random order, so the device's threads must be sorted (in runs of
+{SORT_RUN:,} records spilled to a temporary folder and merged). Target: ≤ 100 MB for 2 GiB of any mix.
+
+| event mix | file | CPU / wall | peak RSS | small file | `json.load` of the small file |
+|---|---|---|---|---|---|
+""" + "\n".join(rows) + "\n\n" + "\n".join(f"Verdict, {k}: `{v}`." for k, v in verdicts.items()) + "\n"
+    print(text)
+    if a.out:
+        _replace_section(Path(a.out), text)
 
 
 def main() -> None:

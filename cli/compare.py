@@ -60,6 +60,7 @@ def command(ctx, reference, target, atol, rtol, error_stat, val_range, samples, 
     """
     from npu_deploy.cli.run import build_feeds, input_files
     from npu_deploy.runtime.check.compare import check_thresholds, compare, load_inputs as load_npz
+    from npu_deploy.runtime.check.preflight import debug_precision_command, needs_preflight
     from npu_deploy.runtime.session import InferenceSession
 
     if load_inputs and inputs:
@@ -95,6 +96,7 @@ def command(ctx, reference, target, atol, rtol, error_stat, val_range, samples, 
                       cosine_min=cosine_min, max_outside=max_outside, output_names=list(output_names) or None,
                       save_inputs_to=save_inputs, error_stat=error_stat, val_range=ranges or None,
                       samples=samples)
+        precision_mode = sess.precision_mode
     res.target = str(target)
     click.echo(f"reference: {reference} (onnxruntime, float32)")
     click.echo(f"target:    {target} ({res.backend})")
@@ -113,4 +115,7 @@ def command(ctx, reference, target, atol, rtol, error_stat, val_range, samples, 
         res.to_json(json_path)
         click.echo(f"json written: {json_path}")
     click.echo(res.verdict())
+    if not res and precision_mode and needs_preflight(precision_mode):
+        click.echo(f"next: find the ops to keep in float32 ({precision_mode} bundle): "
+                   + debug_precision_command(reference, precision_mode, input_shape))
     ctx.exit(0 if res else 1)

@@ -19,7 +19,8 @@ from npu_deploy.cli.feedback import Stages, interactive
 from npu_deploy.cli.options import (HabitCommand, flag_from_01, parse_input_shapes, parse_int_list,
                                     refuse_overwriting, soc_option)
 from npu_deploy.converters.lowering.options import ALL_INPUT_FORMATS, ALL_PRECISION_MODES, BACKENDS
-from npu_deploy.errors import InputError
+from npu_deploy.converters.lowering.preflight import needs_preflight
+from npu_deploy.errors import InputError, NpuDeployError
 
 # ATC spellings whose value changes meaning here; the others are extra names of our options below
 REWRITES = {"--enable_small_channel": flag_from_01("--enable-small-channel", "--enable_small_channel")}
@@ -75,7 +76,10 @@ def _dims(text: str | None) -> list[tuple[int, ...]] | None:
                    "auto: ATC when found, else builtin.")
 @soc_option
 @click.option("--input-shape", "--input_shape", "input_shape", default=None, metavar='"x:1,3,224,224;y:1,128"',
-              help="Fix input shapes (ATC --input_shape); -1 marks a gear dimension.")
+              help="Fix input shapes (ATC --input_shape); -1 marks a gear dimension, LOW~HIGH a shape range "
+                   "(ATC >= 8.5 spelling).")
+@click.option("--input-shape-range", "--input_shape_range", "input_shape_range", default=None,
+              metavar='"x:[1~4,3,224,224]"', help="Shape ranges, ATC's older spelling (with -1 in --input-shape).")
 @click.option("--input-format", "--input_format", "input_format", type=click.Choice(ALL_INPUT_FORMATS), default=None,
               help="Layout the host feeds 4-D (NCHW/NHWC) or 5-D (NCDHW/NDHWC) inputs in; ND for all "
                    "(ATC --input_format). NHWC/NDHWC: built-in backend only (converted on the device); "
@@ -110,16 +114,26 @@ def _dims(text: str | None) -> list[tuple[int, ...]] | None:
 @click.option("--timeout", type=float, default=None, metavar="S", help="Give up on ATC after S seconds.")
 @click.option("--report", default=None, metavar="FILE.json", help="Write the result and plan report as JSON.")
 @click.option("--explain", is_flag=True, help="Print, for every TransData kept, why it had to stay.")
+@click.option("--calibration-inputs", "calibration_inputs", default=None, metavar="DATA.npz",
+              type=click.Path(dir_okay=False),
+              help="Inputs for the float16 preflight (arrays named as the model's inputs; NAME@K for several "
+                   "samples). Default: generated as compare generates them.")
+@click.option("--no-preflight", is_flag=True,
+              help="Skip the float16 preflight (run under float16 precision modes: reports tensors float16 "
+                   "cannot hold, and the --keep-dtype list that fixes them).")
 @click.option("--quiet", "-q", is_flag=True, help="Print only the verdict line.")
-def command(model, model_opt, framework, output, backend, soc, input_shape, input_format, dynamic_batch,
+def command(model, model_opt, framework, output, backend, soc, input_shape, input_shape_range, input_format,
+            dynamic_batch,
             dynamic_dims, precision_mode, keep_dtype, enable_small_channel, out_nodes, output_type,
-            op_select_implmode, atc_log, atc_args, atc_path, insert_op_conf, timeout, report, explain, quiet):
+            op_select_implmode, atc_log, atc_args, atc_path, insert_op_conf, timeout, report, explain,
+            calibration_inputs, no_preflight, quiet):
     """Lower MODEL.onnx for an Ascend NPU: ATC .om, or the built-in offline bundle.
 
     ATC's own spellings work too: paste an atc command line after 'npu-deploy convert'.
     """
     from npu_deploy.converters.lowering.atc import LOG_LEVELS
     from npu_deploy.converters.lowering.convert import convert
+    from npu_deploy.converters.lowering.cost import accuracy_note
 
     model = _model(model, model_opt)
     if framework is not None and framework.strip().lower() not in ONNX_FRAMEWORK:
@@ -130,6 +144,11 @@ def command(model, model_opt, framework, output, backend, soc, input_shape, inpu
     keep_file = keep_dtype if keep_dtype and os.path.isfile(keep_dtype) else None
     refuse_overwriting([("-o", output), ("--report", report)], [("input model", model),
                        ("--insert-op-conf file", insert_op_conf), ("--keep-dtype file", keep_file)])
+    if calibration_inputs and not no_preflight:  # a bad file is found before anything is written
+        from npu_deploy.converters.files.onnx_model import declared_io
+        from npu_deploy.runtime.check.preflight import calibration_samples
+
+        calibration_samples(calibration_inputs, [i.name for i in declared_io(model)[0]])
     # ATC-only options reach ATC verbatim; the built-in backend's note names each one it ignored
     atc_only = [f"--op_select_implmode={op_select_implmode}"] if op_select_implmode is not None else []
     with Stages(interactive(quiet), echo_atc=not quiet) as progress:
@@ -140,7 +159,8 @@ def command(model, model_opt, framework, output, backend, soc, input_shape, inpu
             dynamic_dims=_dims(dynamic_dims), precision_mode=precision_mode, keep_dtype=_keep_dtype(keep_dtype),
             enable_small_channel=enable_small_channel, atc_args=tuple(atc_args), atc_flags=tuple(atc_only),
             out_nodes=out_nodes, output_type=output_type, atc_log=atc_log, timeout=timeout, report=report,
-            progress=progress, atc=atc_path, insert_op_conf=insert_op_conf)
+            progress=progress, atc=atc_path, insert_op_conf=insert_op_conf,
+            shape_ranges=_shape_ranges(input_shape_range))
     for note in result.notes:
         click.echo(f"npu-deploy: warning: {note}", err=True)
     if not quiet:
@@ -153,6 +173,8 @@ def command(model, model_opt, framework, output, backend, soc, input_shape, inpu
         if rep is not None:
             for line in rep.summary_lines():
                 click.echo(line)
+            if rep.cost is not None:
+                click.echo(f"  ({accuracy_note(rep.soc)})")
         if report:
             click.echo(f"report written to {report}")
     if explain:
@@ -165,5 +187,52 @@ def command(model, model_opt, framework, output, backend, soc, input_shape, inpu
                 click.echo(f"  {t['name']}: {t['tensor']} {t['src_format']} -> {t['dst_format']}: {t['reason']}")
             for d in rep.atc_differences:
                 click.echo(printable(f"differs from ATC: {d}"))
+    if not no_preflight and needs_preflight(result.precision_mode):
+        _preflight(result, calibration_inputs, quiet, input_shape=input_shape, input_format=input_format,
+                   dynamic_batch=dynamic_batch, dynamic_dims=dynamic_dims, keep_dtype=keep_dtype, soc=soc,
+                   output=output, backend=backend, precision_mode=precision_mode)
+    elif calibration_inputs and not no_preflight:
+        click.echo(f"npu-deploy: warning: --calibration-inputs: precision mode {result.precision_mode} keeps float32, "
+                   f"no float16 preflight to run", err=True)
     click.echo(result.verdict())
     return 0
+
+
+def _shape_ranges(text: str | None) -> dict[str, tuple] | None:
+    """``"x:[1~4,3,224,224]"`` (ATC's ``--input_shape_range``) → ``{"x": ((1, 4), None, None, None)}``."""
+    if not text:
+        return None
+    shapes = parse_input_shapes(text.replace("[", "").replace("]", ""), option="--input-shape-range")
+    return {n: tuple(d if isinstance(d, tuple) else None for d in dims) for n, dims in shapes.items()}
+
+
+def _preflight(result, calibration_inputs, quiet, *, input_shape, input_format, dynamic_batch, dynamic_dims,
+               keep_dtype, soc, output, backend, precision_mode) -> None:
+    """The float16 preflight after a float16 conversion: findings and the way out on stderr (the
+    conversion stands; the bundle/.om is not touched)."""
+    from npu_deploy.runtime.check.preflight import preflight
+
+    args = [a for flag, v in (("-o", output), ("--backend", None if backend == "auto" else backend), ("--soc", soc),
+                              ("--input-shape", input_shape), ("--input-format", input_format),
+                              ("--dynamic-batch", dynamic_batch), ("--dynamic-dims", dynamic_dims),
+                              ("--precision-mode", precision_mode)) if v for a in (flag, str(v))]
+    kept = _keep_dtype(keep_dtype) or ()
+    try:
+        rep = preflight(result.model, precision_mode=result.precision_mode, keep_dtype=kept,
+                        input_shapes=parse_input_shapes(input_shape) or None,
+                        dynamic_batch=parse_int_list(dynamic_batch, option="--dynamic-batch") or None,
+                        dynamic_dims=_dims(dynamic_dims), soc=soc, calibration_inputs=calibration_inputs,
+                        convert_args=args, input_format=input_format)
+    except NpuDeployError as e:  # the conversion stands; the check that could not run says why
+        click.echo(printable(f"npu-deploy: warning: float16 preflight not run: {e} (skip it with --no-preflight)"),
+                   err=True)
+        return
+    if rep:
+        if not quiet:
+            click.echo(rep.verdict())
+        return
+    if kept:  # the command keeps what was kept already, and the new ones
+        rep.keep = list(dict.fromkeys([*kept, *rep.keep]))
+        rep.command = rep.command.rsplit(" --keep-dtype ", 1)[0] + " --keep-dtype " + ",".join(rep.keep)
+    for line in rep.lines():
+        click.echo(printable(f"npu-deploy: warning: {line}" if line == rep.verdict() else line), err=True)

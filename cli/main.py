@@ -34,6 +34,7 @@ COMMANDS = {
     "debug": ("npu_deploy.cli.debug", "Accuracy debugging: dumps against onnxruntime per layer; ops to keep in fp32."),
     "aipp": ("npu_deploy.cli.aipp", "Write an AIPP preprocessing config from mean/std/size, or check one."),
     "optimize": ("npu_deploy.cli.optimize", "Rewrite an ONNX model for Ascend; every rewrite verified and measured."),
+    "cost": ("npu_deploy.cli.cost", "Check the cost model against real captures (cost check) or fit a SoC profile (cost fit)."),
 }
 
 

@@ -36,6 +36,9 @@ def _names(text: str | None) -> list[str] | None:
 @click.option("--keep-if-faster", is_flag=True,
               help="Keep only rewrites the built-in cost model estimates as faster (and, with --measure atc, "
                    "that the device measures as faster).")
+@click.option("--all", "keep_all", is_flag=True,
+              help="Keep every verified rewrite, also those the cost model estimates slower (by default "
+                   "they are dropped and reported as 'worse').")
 @click.option("--measure", type=click.Choice(["cost", "atc"]), default="cost", show_default=True,
               help="What --keep-if-faster trusts: 'cost' the built-in cost model; 'atc' also compiles each "
                    "rewrite the cost model accepts with ATC and times it on the NPU through ACL (median compute "
@@ -48,8 +51,11 @@ def _names(text: str | None) -> list[str] | None:
 @click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True)
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None, help="Write the report as JSON.")
 def command(model, output, list_rules, rules, skip, explain, inputs, input_shape, soc, atol, rtol, keep_if_faster,
-            measure, atc_path, runs, seed, json_path):
+            keep_all, measure, atc_path, runs, seed, json_path):
     """Rewrite MODEL.onnx so it runs well on Ascend; every rewrite is checked on onnxruntime and measured.
+
+    By default a verified rewrite is kept unless the built-in cost model estimates it slower
+    (reported as 'worse'); --all keeps every verified one, --keep-if-faster only the faster ones.
 
     Example: npu-deploy optimize vad.onnx -o vad.opt.onnx --input-shape input:1,576 --explain
 
@@ -78,13 +84,14 @@ def command(model, output, list_rules, rules, skip, explain, inputs, input_shape
                          hint="add --keep-if-faster --measure atc, or drop it")
     res = optimize(model, output, rules=_names(rules), skip=_names(skip), inputs=inputs,
                    input_shapes=parse_input_shapes(input_shape), soc=soc, atol=atol, rtol=rtol,
-                   keep_if_faster=keep_if_faster, seed=seed, report=json_path, device_timer=timer)
+                   keep_if_faster=keep_if_faster, seed=seed, report=json_path, device_timer=timer,
+                   keep_all=keep_all)
     click.echo(printable(f"optimize {model} -> {output} ({res.soc})"))
     for a in res.applications:
         if a.status == "not applicable" and not explain:
             continue
         line = f"  {a.status:<14} {a.rule} at {a.where}"
-        if a.status == "applied":
+        if a.status == "applied" and a.before is not None:  # the first of a step carries its figures
             line += (f": TransData {a.before['transdata']} -> {a.after['transdata']}, AI CPU {a.before['ai_cpu']} -> "
                      f"{a.after['ai_cpu']}")
         if a.device and a.status == "applied":
@@ -93,6 +100,10 @@ def command(model, output, list_rules, rules, skip, explain, inputs, input_shape
             line += f": {a.reason}"
         click.echo(printable(line))
     click.echo(res.table())
+    if timer is None:
+        from npu_deploy.converters.lowering.cost import accuracy_note
+
+        click.echo(printable(f"estimates: {accuracy_note(res.soc)}"))
     if timer is not None:
         click.echo(printable(f"measured by: {res.measured_by}"))
     if json_path:

@@ -14,6 +14,8 @@ from typing import Callable
 import click
 
 from npu_deploy._io import refuse_overwriting, same_file  # noqa: F401  (shared by every command)
+from npu_deploy.converters.files.onnx_model import parse_dim
+from npu_deploy.errors import InputError
 
 # A dimension or an element count beyond this cannot be addressed (int64); larger is a typo or an attack.
 MAX_ELEMENTS = 2**62
@@ -30,6 +32,9 @@ def parse_shape(text: str, *, option: str = "--shape") -> tuple[int, ...]:
         if part in ("?", "-1"):
             dims.append(-1)
             continue
+        if "~" in part:  # a shape range, ATC >= 8.5: "1~4"
+            dims.append(_range(text, part, option))
+            continue
         try:
             v = int(part)
         except ValueError:
@@ -39,10 +44,18 @@ def parse_shape(text: str, *, option: str = "--shape") -> tuple[int, ...]:
         if v > MAX_ELEMENTS:
             raise click.BadParameter(f"{text!r}: dimension {v} is too large (at most 2**62)", param_hint=option)
         dims.append(v)
-    if math.prod(d for d in dims if d > 0) > MAX_ELEMENTS:
-        raise click.BadParameter(f"{text!r}: {math.prod(d for d in dims if d > 0):.3g} elements is too many "
+    count = math.prod(d for d in dims if isinstance(d, int) and d > 0)  # a range counts as dynamic
+    if count > MAX_ELEMENTS:
+        raise click.BadParameter(f"{text!r}: {count:.3g} elements is too many "
                                  f"(at most 2**62)", param_hint=option)
     return tuple(dims)
+
+
+def _range(text: str, part: str, option: str) -> tuple[int, int]:
+    try:
+        return parse_dim(part, where=option)
+    except InputError as e:
+        raise click.BadParameter(f"{text!r}: {e.message}", param_hint=option) from None
 
 
 def parse_input_shapes(text: str | None, *, option: str = "--input-shape") -> dict[str, tuple[int, ...]]:

@@ -71,9 +71,11 @@ def _finish(ctx: click.Context, report, json_path, html_path, fail_on_flag, top,
 @click.option("--ray-address", default=None, metavar="ADDR",
               help="Cluster view (implies --cluster): parse the ranks as Ray tasks on this cluster (host:port, ray://host:port or "
                    "auto; the folder must be at the same path on every node). Needs: pip install 'npu-deploy[ray]'.")
+@click.option("--plan", "plan_bundle", type=click.Path(dir_okay=False), default=None, metavar="MODEL.bundle",
+              help="Our bundle of the same model: planned vs measured TransData and the furthest-off estimates.")
 @click.pass_context
 def analyze(ctx, path, threshold, include_transpose, json_path, html_path, fail_on_flag, top, wide, cluster, workers,
-            ray_address):
+            ray_address, plan_bundle):
     """Analyse what msprof / torch_npu / MindSpore wrote under PATH.
 
     PATH is a PROF_* folder, a *_ascend_pt / *_ascend_ms folder, a MindSpore 1.x profiler folder
@@ -98,6 +100,14 @@ def analyze(ctx, path, threshold, include_transpose, json_path, html_path, fail_
                          workers, ray_address)
         return
     report = analyze_profile(path, threshold=threshold, include_transpose=include_transpose)
+    if plan_bundle is not None:
+        from npu_deploy.converters.files.bundle import read_bundle
+        from npu_deploy.profiling.ops import compare_with_plan, read_measured_ops
+
+        with read_bundle(plan_bundle) as b:
+            manifest = b.manifest
+        for line in compare_with_plan(read_measured_ops(path), manifest).lines(top):
+            click.echo(printable(line))
     _finish(ctx, report, json_path, html_path, fail_on_flag, top, wide)
 
 
@@ -163,4 +173,9 @@ def run(ctx, model, run_args, output_dir, input_shape, loops, use_msprof, timeou
     report = profile_model(model, output_dir, input_shapes=shapes, loops=loops, run_args=run_args,
                            threshold=threshold, include_transpose=include_transpose, use_msprof=use_msprof,
                            timeout=timeout)
+    if report.estimated:
+        from npu_deploy.converters.lowering.cost import accuracy_note, estimated_profile_soc
+
+        click.echo(printable(f"npu-deploy: note: estimated profile: "
+                             f"{accuracy_note(estimated_profile_soc(report.path))}"), err=True)
     _finish(ctx, report, json_path, html_path, fail_on_flag, top, wide)

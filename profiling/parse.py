@@ -25,9 +25,12 @@ its path (and line where known).
 from __future__ import annotations
 
 import csv
+import heapq
+import json
 import os
 import re
 import sqlite3
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator
@@ -798,13 +801,15 @@ class TraceOpStream(TableStream):
             if isinstance(e, dict):
                 yield i, e
 
-    def _scan(self):
-        """Pass 1: process and thread names, labels; whether each thread's X events are in time order."""
+    def _scan(self, device_only: bool = False):
+        """Pass 1: process and thread names, labels; whether each thread's X events are in time order
+        (``device_only``: only the threads of the device's processes, the only ones read after)."""
         procs: dict = {}
         labels: dict = {}
         threads: dict = {}
         last_ts: dict = {}
-        ordered = True
+        unordered: set = set()           # (pid, tid) whose X events go back in time somewhere
+        ordered = True                   # False: too many threads to track, sort whatever they are
         for _i, e in self._events():
             ph = e.get("ph")
             if ph == "X":
@@ -826,7 +831,7 @@ class TraceOpStream(TableStream):
                         continue
                     last_ts[k] = ts
                 elif ts < prev:
-                    ordered = False
+                    unordered.add(k)
                 else:
                     last_ts[k] = ts
             elif ph == "M":
@@ -843,6 +848,13 @@ class TraceOpStream(TableStream):
                     tid = _key(e.get("tid"))
                     if tid is not None and len(threads) < _MAX_KEYS:
                         threads[(pid, tid)] = args["name"]
+        if ordered and unordered and not device_only:
+            ordered = False
+        elif ordered and unordered:
+            # only the device's processes are read in order (host threads such as torch's cpu_op
+            # timelines often go back in time, and are never read): sort only when one of those does
+            kept = {p for p, n in procs.items() if n == "Ascend Hardware" or n.upper().startswith(("HCCL", "COMMUNICATION"))}
+            ordered = not any(_key(p) in kept for p, _t in unordered)
         return procs, labels, threads, ordered
 
     def _devices(self, hw: set, labels: dict) -> dict:
@@ -862,7 +874,7 @@ class TraceOpStream(TableStream):
         return out
 
     def __iter__(self) -> Iterator[tuple]:
-        procs, labels, threads, ordered = self._scan()
+        procs, labels, threads, ordered = self._scan(device_only=True)
         hw = {p for p, n in procs.items() if n == "Ascend Hardware"}
         comm = {p for p, n in procs.items() if n.upper().startswith(("HCCL", "COMMUNICATION"))}
         if not hw:
@@ -893,10 +905,9 @@ class TraceOpStream(TableStream):
                 yield pid, _key(e.get("tid")), ts, dur, idx, e
 
         def sorted_records():
-            picked = [(str(p), str(t), ts, idx, p, t, dur, _compact(e)) for p, t, ts, dur, idx, e in records()]
-            picked.sort(key=lambda r: r[:4])
-            for _sp, _st, ts, idx, p, t, dur, e in picked:
-                yield p, t, ts, dur, idx, e
+            picked = ((str(p), str(t), ts, idx, p, t, dur, *_compact(e)) for p, t, ts, dur, idx, e in records())
+            for _sp, _st, ts, idx, p, t, dur, *c in _external_sort(picked):
+                yield p, t, ts, dur, idx, _expand(c)
 
         for pid, tid, ts, dur, idx, e in (records() if ordered else sorted_records()):
             self._row = idx
@@ -1031,11 +1042,69 @@ def _num(v) -> float | None:
     return x
 
 
-def _compact(e: dict) -> dict:
-    """The part of an event the stream uses, for the sorted path (a small dict instead of the event)."""
+SORT_RUN = 50_000    # records sorted in memory at a time (~20 MB); more are spilled to sorted runs on disk
+
+
+def _external_sort(records: Iterator[tuple], run: int | None = None) -> Iterator[tuple]:
+    """``records`` sorted by their first four fields (unique: the fourth is the event's index), in
+    bounded memory: runs of ``run`` records are sorted and written as JSON lines to a temporary folder,
+    then merged. A timeline whose device threads go back in time is sorted this way whatever its size."""
+    run = run or SORT_RUN
+    first: list[tuple] = []
+    for r in records:
+        first.append(r)
+        if len(first) >= run:
+            break
+    else:  # everything fits in one run: no file
+        first.sort(key=lambda r: r[:4])
+        yield from first
+        return
+    with tempfile.TemporaryDirectory(prefix="npu-deploy-sort-") as tmp:
+        paths = []
+
+        def spill(chunk: list[tuple]) -> None:
+            chunk.sort(key=lambda r: r[:4])
+            path = os.path.join(tmp, f"run{len(paths)}.jsonl")
+            with open(path, "w", encoding="utf-8") as f:
+                for r in chunk:
+                    f.write(json.dumps(r, separators=(",", ":")))
+                    f.write("\n")
+            paths.append(path)
+
+        spill(first)
+        first.clear()
+        chunk: list[tuple] = []
+        for r in records:
+            chunk.append(r)
+            if len(chunk) >= run:
+                spill(chunk)
+                chunk = []
+        if chunk:
+            spill(chunk)
+        del chunk
+        files = [open(p, encoding="utf-8") for p in paths]
+        try:
+            for r in heapq.merge(*((json.loads(line) for line in f) for f in files), key=lambda r: r[:4]):
+                yield tuple(r)
+        finally:
+            for f in files:
+                f.close()
+
+
+_KEPT_ARGS = ("Task Type", "Stream Id", "Physic Stream Id")
+_ABSENT = "\x00absent"  # an argument the event does not have (JSON-safe, never a real value)
+
+
+def _compact(e: dict) -> tuple:
+    """The part of an event the stream uses, for the sorted path: a flat tuple (name, then the kept
+    arguments), small in memory and on disk."""
     args = e.get("args") if isinstance(e.get("args"), dict) else {}
-    keep = {k: args[k] for k in ("Task Type", "Stream Id", "Physic Stream Id") if k in args}
-    return {"name": e.get("name"), "args": keep}
+    return (e.get("name"), *(args.get(k, _ABSENT) for k in _KEPT_ARGS))
+
+
+def _expand(c) -> dict:
+    """:func:`_compact`'s tuple as the event dict the stream reads."""
+    return {"name": c[0], "args": {k: v for k, v in zip(_KEPT_ARGS, c[1:]) if v != _ABSENT}}
 
 
 def _union(spans: list[tuple[float, float]]) -> list[tuple[float, float]]:

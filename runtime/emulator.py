@@ -48,6 +48,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from npu_deploy.converters.lowering import cost as cost_model
 from npu_deploy.errors import BundleError, InputError, ModelError
 from npu_deploy.runtime.backend import Backend, Gear, TensorMeta
 
@@ -692,6 +693,7 @@ def profile_rows(manifest: dict[str, Any], model: onnx.ModelProto | None) -> lis
     est = cost.get("est_us") or {}
     node_formats = manifest.get("node_formats") or {}
     tensor_dtypes = manifest.get("tensor_dtypes") or {}
+    fused = set(manifest.get("fused_tensors") or [])
     shapes, dtypes = _node_tensor_info(model)
     nodes = [n for n in (model.graph.node if model is not None else [])
              if not n.name.endswith(("/round_float16", "/round_bfloat16", "/round_back"))]
@@ -731,8 +733,9 @@ def profile_rows(manifest: dict[str, Any], model: onnx.ModelProto | None) -> lis
         nf = node_formats.get(n.name) or {}
         # not device tasks: constants and folded subgraphs (computed at conversion), pure views
         if n.op_type == "Constant" or nf.get("folded") or (
-                n.op_type in _VIEW_OPS and not float(est.get(n.name, 0.0) or 0.0)):
-            continue
+                n.op_type in _VIEW_OPS and not float(est.get(n.name, 0.0) or 0.0)) or (
+                n.name not in est and any(clean(t) in fused for t in n.input)):
+            continue  # ... and elementwise ops fused into their producer's kernel
         engine = str(nf.get("engine") or "AI Core")
         ins = [clean(t) for t in n.input]
         outs = [clean(t) for t in n.output]
@@ -744,7 +747,7 @@ def profile_rows(manifest: dict[str, Any], model: onnx.ModelProto | None) -> lis
                 out.append(_MSPROF_DTYPE.get(d, d.upper()) if d else "")
             return out
 
-        rows.append({"name": n.name or f"{n.op_type}_{i}", "type": n.op_type,
+        rows.append({"name": n.name or f"{n.op_type}_{i}", "type": cost_model.cann_type(n.op_type),
                      "task": "AI_CPU" if "CPU" in engine.upper() else "AI_CORE",
                      "us": float(est.get(n.name, 0.0) or 0.0),
                      "in_shapes": [shapes.get(t) if t else None for t in ins], "in_dtypes": dts(ins),

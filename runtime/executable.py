@@ -192,54 +192,90 @@ def build_plan_graph(graph: onnx.ModelProto, manifest: Mapping[str, Any], weight
     ``feeds`` (logical input values), when given, are what a run that completes open shapes uses.
     ``expose`` (implies ``literal``): every buffer an op reads or writes is also a graph output
     (``PlanGraph.exposed``), for operator dumps."""
-    literal = literal or expose
-    model = onnx.ModelProto()
-    model.CopyFrom(graph)
-    if model.ir_version < 4:  # IR 3 wants every initializer listed as an input; IR 4 lifts that
-        model.ir_version = 4
-    g = model.graph
-    opset = _default_opset(model)
-    node_formats = manifest.get("node_formats") or {}
-    tensor_dtypes = manifest.get("tensor_dtypes") or {}
-    tensor_formats = manifest.get("tensor_formats") or {}
+    return _PlanBuilder(graph, manifest, weights, input_shapes, literal or expose, feeds).build(expose)
 
-    _fill_missing_optional_inputs(g, weights)
-    for name, arr in weights.items():
-        g.initializer.append(numpy_helper.from_array(arr, name))
-    consts = {i.name for i in g.initializer}
-    types, shapes, opaque, shaped = _types_and_shapes(model, input_shapes, feeds)
-    ran: list[bool] = []
-    # the plan records every tensor's shape at the shapes it was converted for (If/Loop bodies included,
-    # which onnx shape inference does not reach): usable when these inputs have exactly those shapes
-    planned = manifest.get("tensors") if isinstance(manifest.get("tensors"), dict) else {}
-    planned_shapes_apply = all(
-        tuple(e.get("graph_shape") or e.get("shape") or ()) == tuple(input_shapes.get(str(e.get("name")), ()))
-        for e in manifest.get("inputs") or [] if isinstance(e, dict) and str(e.get("name")) in input_shapes)
 
-    folded_outputs: set[str] = set()
-    for n in g.node:
-        nf = node_formats.get(n.name)
-        if (isinstance(nf, dict) and nf.get("folded")) or n.op_type == "Constant":
-            folded_outputs.update(o for o in n.output if o)
-    consts |= folded_outputs
+class _PlanBuilder:
+    """The state of one :func:`build_plan_graph` call: the model being rewritten, what is known of
+    each tensor (type, shape), every device buffer made so far (``stored``, ``buffer_of``), the ones
+    not built yet (``pending``) and the scopes of the If/Loop/Scan bodies being rewritten."""
 
-    sub_reads: set[str] = set()
-    for n in g.node:
-        sub_reads |= subgraph_reads(n)
+    def __init__(self, graph: onnx.ModelProto, manifest: Mapping[str, Any], weights: Mapping[str, np.ndarray],
+                 input_shapes: Mapping[str, tuple[int, ...]], literal: bool,
+                 feeds: Mapping[str, np.ndarray] | None):
+        self.literal = literal
+        self.manifest, self.weights, self.input_shapes, self.feeds = manifest, weights, input_shapes, feeds
+        model = onnx.ModelProto()
+        model.CopyFrom(graph)
+        if model.ir_version < 4:  # IR 3 wants every initializer listed as an input; IR 4 lifts that
+            model.ir_version = 4
+        self.model = model
+        g = self.g = model.graph
+        self.opset = _default_opset(model)
+        self.node_formats = manifest.get("node_formats") or {}
+        self.tensor_dtypes = manifest.get("tensor_dtypes") or {}
+        self.tensor_formats = manifest.get("tensor_formats") or {}
 
-    def elem(t: str) -> int:
-        if t not in types:
+        _fill_missing_optional_inputs(g, weights)
+        for name, arr in weights.items():
+            g.initializer.append(numpy_helper.from_array(arr, name))
+        self.consts = {i.name for i in g.initializer}
+        self.types, self.shapes, self.opaque, self.shaped = _types_and_shapes(model, input_shapes, feeds)
+        self.ran = False
+        # the plan records every tensor's shape at the shapes it was converted for (If/Loop bodies included,
+        # which onnx shape inference does not reach): usable when these inputs have exactly those shapes
+        self.planned = manifest.get("tensors") if isinstance(manifest.get("tensors"), dict) else {}
+        self.planned_shapes_apply = all(
+            tuple(e.get("graph_shape") or e.get("shape") or ()) == tuple(input_shapes.get(str(e.get("name")), ()))
+            for e in manifest.get("inputs") or [] if isinstance(e, dict) and str(e.get("name")) in input_shapes)
+
+        folded_outputs: set[str] = set()
+        for n in g.node:
+            nf = self.node_formats.get(n.name)
+            if (isinstance(nf, dict) and nf.get("folded")) or n.op_type == "Constant":
+                folded_outputs.update(o for o in n.output if o)
+        self.consts |= folded_outputs
+
+        self.sub_reads: set[str] = set()
+        for n in g.node:
+            self.sub_reads |= subgraph_reads(n)
+
+        self.scopes: list[_Scope] = [_Scope(self.opset)]
+        self.out = _Current(self.scopes)
+        self.stored: dict[str, Stored] = {}     # buffer name -> how it lies
+        self.buffer_of: dict[str, str] = {}      # tensor -> its own buffer
+        self.reinterpreted: list[str] = []
+        # buffer -> (tensor, logical source, tag, scope): not built yet
+        self.pending: dict[str, tuple[str, str, str, _Scope]] = {}
+        self.logical_of: dict[str, tuple[str, str]] = {}       # buffer -> (tensor, the logical value it was made from)
+
+        # TransData by (tensor, consumer)
+        self.td_by_edge: dict[tuple[str, str], dict] = {}
+        self.td_list = [td for td in manifest.get("transdata") or [] if isinstance(td, dict)]
+        for td in self.td_list:
+            for c in td.get("consumers") or []:
+                self.td_by_edge[(str(td.get("tensor")), str(c))] = td
+        # tensors the plan fuses into their reader (never stored, so not rounded); literal stores all
+        self.fused = set() if literal else {str(t) for t in manifest.get("fused_tensors") or []}
+        self.storage_ops: list[str] = []
+        self.records: list[OpRecord] = []
+        self.ran_td: set[str] = set()
+
+    # ---- what is known of a tensor
+    def elem(self, t: str) -> int:
+        if t not in self.types:
             raise ModelError(f"plan execution: tensor {t!r} has no known type",
                              hint="re-convert the model; if it persists this is a converter bug")
-        return types[t]
+        return self.types[t]
 
-    def shape_of(t: str) -> tuple[int, ...]:
-        if t not in shapes and not ran:  # a planned layout needs it: learn the open shapes once
-            ran.append(True)
-            produced = [o for n in g.node for o in n.output if o and o not in shapes and o not in opaque]
-            _shapes_by_running(shaped, input_shapes, produced, types, shapes, opaque, feeds)
-        if t not in shapes and planned_shapes_apply:  # inside bodies: the plan's own record
-            rec = planned.get(t)
+    def shape_of(self, t: str) -> tuple[int, ...]:
+        shapes = self.shapes
+        if t not in shapes and not self.ran:  # a planned layout needs it: learn the open shapes once
+            self.ran = True
+            produced = [o for n in self.g.node for o in n.output if o and o not in shapes and o not in self.opaque]
+            _shapes_by_running(self.shaped, self.input_shapes, produced, self.types, shapes, self.opaque, self.feeds)
+        if t not in shapes and self.planned_shapes_apply:  # inside bodies: the plan's own record
+            rec = self.planned.get(t)
             if isinstance(rec, dict) and rec.get("shape") is not None and all(
                     isinstance(d, int) and d >= 0 for d in rec["shape"]):
                 shapes[t] = tuple(rec["shape"])
@@ -248,20 +284,20 @@ def build_plan_graph(graph: onnx.ModelProto, manifest: Mapping[str, Any], weight
                              hint="give fixed input shapes (--input-shape) when converting")
         return shapes[t]
 
-    def device_dtype(t: str, node_dtype: str | None) -> np.dtype:
-        logical = _elem_np(elem(t))
-        if elem(t) not in _FLOAT_TYPES:
+    def device_dtype(self, t: str, node_dtype: str | None) -> np.dtype:
+        logical = _elem_np(self.elem(t))
+        if self.elem(t) not in _FLOAT_TYPES:
             return logical
-        want = tensor_dtypes.get(t)
+        want = self.tensor_dtypes.get(t)
         if isinstance(want, str) and want in LOW_PRECISION:
             return _dtype_of(want)
         if want is None and node_dtype in LOW_PRECISION:
             return _dtype_of(node_dtype)
         return logical
 
-    def stored_for(t: str, fmt: str, dt: np.dtype, c0: Any, origin: str | None = None) -> Stored:
+    def stored_for(self, t: str, fmt: str, dt: np.dtype, c0: Any, origin: str | None = None) -> Stored:
         fmt = _norm(fmt)
-        shp = shape_of(t) if not is_identity(fmt) else shapes.get(t, ())
+        shp = self.shape_of(t) if not is_identity(fmt) else self.shapes.get(t, ())
         c0v = None
         if not is_identity(fmt):
             f = formats.get_format(fmt)
@@ -269,346 +305,376 @@ def build_plan_graph(graph: onnx.ModelProto, manifest: Mapping[str, Any], weight
                 c0v = formats.resolve_c0(f, dt, int(c0) if c0 else None)
         return Stored(fmt, dt, tuple(shp), c0v, origin)
 
-    scopes: list[_Scope] = [_Scope(opset)]
-    out = _Current(scopes)
-    stored: dict[str, Stored] = {}     # buffer name -> how it lies
-    buffer_of: dict[str, str] = {}      # tensor -> its own buffer
-    reinterpreted: list[str] = []
-    # buffer -> (tensor, logical source, tag, scope): not built yet
-    pending: dict[str, tuple[str, str, str, _Scope]] = {}
-    logical_of: dict[str, tuple[str, str]] = {}       # buffer -> (tensor, the logical value it was made from)
+    def _sfx(self) -> str:
+        """A suffix that keeps the names made inside a body apart from the same names outside it."""
+        scopes = self.scopes
+        return f"_{len(scopes) - 1}_{id(scopes[-1]) % 100000}" if len(scopes) > 1 else ""
 
-    def store(t: str, src: str, st: Stored, tag: str, name: str | None = None, lazy: bool = True) -> str:
+    # ---- device buffers: written, built, read
+    def store(self, t: str, src: str, st: Stored, tag: str, name: str | None = None, lazy: bool = True) -> str:
         """A buffer of tensor ``t`` (``name``, default ``t__dev``) made from its logical value ``src``:
         cast to the device dtype and packed into the device format. Built when something reads the
-        bytes (:func:`materialize`); always at once with ``literal``."""
-        if t in opaque:
-            stored[src] = st
+        bytes (:meth:`materialize`); always at once with ``literal``."""
+        if t in self.opaque:
+            self.stored[src] = st
             return src
         default = name is None
         name = name or f"{t}__dev"
-        if default and is_identity(st.format) and st.dtype == _elem_np(elem(t)):
-            stored[src] = st  # plain and in its own dtype: the logical tensor is the buffer
+        if default and is_identity(st.format) and st.dtype == _elem_np(self.elem(t)):
+            self.stored[src] = st  # plain and in its own dtype: the logical tensor is the buffer
             return src
-        stored[name] = st
+        self.stored[name] = st
         if lazy:
-            logical_of[name] = (t, src)
-        pending[name] = (t, src, tag, scopes[-1])
-        if literal or not lazy:
-            materialize(name)
+            self.logical_of[name] = (t, src)
+        self.pending[name] = (t, src, tag, self.scopes[-1])
+        if self.literal or not lazy:
+            self.materialize(name)
         return name
 
-    def materialize(buf: str) -> None:
-        if buf not in pending:
+    def materialize(self, buf: str) -> None:
+        if buf not in self.pending:
             return
-        t, src, tag, owner = pending.pop(buf)
+        t, src, tag, owner = self.pending.pop(buf)
         where = owner.out  # built where its source lives, so that every reader below sees it
-        st = stored[buf]
+        st = self.stored[buf]
         x = src
-        if st.dtype != _elem_np(elem(t)):
+        if st.dtype != _elem_np(self.elem(t)):
             x = where.cast(x, f"{buf}__cast", st.dtype, f"{tag}/{t}/to_{st.dtype.name}")
         if not is_identity(st.format):
             nodes, inits = format_graph.pack_nodes(st.format, st.shape, st.dtype, x, buf,
-                                                   prefix=f"{tag}/{t}/pack_{st.format}", opset=opset, **st._kw())
+                                                   prefix=f"{tag}/{t}/pack_{st.format}", opset=self.opset,
+                                                   **st._kw())
             where.add(nodes, inits)
         else:
             where.add([helper.make_node("Identity", [x], [buf], name=f"{tag}/{t}/store")])
 
-    def read(t: str, buf: str, fmt: str | None, c0: Any, reader: str, real: bool = False) -> str:
+    def read(self, t: str, buf: str, fmt: str | None, c0: Any, reader: str, real: bool = False) -> str:
         """The logical value of ``t`` (in its ONNX type) as a reader expecting ``fmt`` sees ``buf``.
 
         A reader that wants the buffer in the format it was written in gets the value the buffer was
         made from, rounded to the buffer's dtype: unpack(pack(x)) is x, byte for byte (``real`` or
         ``literal`` build and unpack the buffer instead)."""
-        st = stored[buf]
-        if t in opaque:
+        st = self.stored[buf]
+        if t in self.opaque:
             return buf
         want = _norm(fmt) if fmt else "ND"
-        logical_t = _elem_np(elem(t))
-        if same_format(want, st.format) and buf in logical_of and not (real or literal):
-            src = logical_of[buf][1]
-            if st.dtype == logical_t:
-                return src
-            got = scopes[-1].find("rounded", buf)
-            if got is None:
-                sfx = f"_{len(scopes) - 1}_{id(scopes[-1]) % 100000}" if len(scopes) > 1 else ""
-                low = out.cast(src, f"{buf}__rounded{sfx}", st.dtype, f"{reader}/{t}/round_{st.dtype.name}")
-                got = out.cast(low, f"{buf}__rounded_back{sfx}", logical_t, f"{reader}/{t}/round_back")
-                scopes[-1].rounded[buf] = got
-            return got
+        logical_t = _elem_np(self.elem(t))
+        if same_format(want, st.format) and buf in self.logical_of and not (real or self.literal):
+            return self._read_rounded(t, buf, st, logical_t, reader)
         key = (buf, want, st.c0 if same_format(want, st.format) else c0)
-        got = scopes[-1].find("reads", key)
+        got = self.scopes[-1].find("reads", key)
         if got is not None:
             return got
-        sfx = f"_{len(scopes) - 1}_{id(scopes[-1]) % 100000}" if len(scopes) > 1 else ""
-        materialize(buf)
+        sfx = self._sfx()
+        self.materialize(buf)
         x = buf
         tag = f"{reader}/read_{t}"
         if same_format(want, st.format):
             view = st
         else:
-            if is_identity(st.format) and not st.shape:  # a plain buffer stored without its shape
-                st = dataclasses.replace(st, shape=tuple(shape_of(t)))
-            view = stored_for(t, want, st.dtype, c0, _plain_origin(want, len(st.shape)))
-            if st.storage != view.storage or not (is_identity(st.format) and is_identity(view.format)):
-                nodes, inits = format_graph.reinterpret_nodes(buf, st.storage, view.storage,
-                                                              f"{buf}__as_{want}{sfx}", prefix=f"{tag}/reinterpret",
-                                                              opset=opset)
-                out.add(nodes, inits)
-                x = f"{buf}__as_{want}{sfx}"
-                reinterpreted.append(f"{t} ({st.format} read as {want} by {reader})")
+            view, x = self._reinterpret(t, buf, st, want, c0, reader, tag, sfx)
+        out = self.out
         if not is_identity(view.format):
             dst = f"{buf}__{want}_logical{sfx}"
             nodes, inits = format_graph.unpack_nodes(view.format, view.shape, view.dtype, x, dst,
-                                                     prefix=f"{tag}/unpack_{want}", opset=opset, **view._kw())
+                                                     prefix=f"{tag}/unpack_{want}", opset=self.opset, **view._kw())
             out.add(nodes, inits)
             x = dst
         if view.dtype != logical_t:
             x = out.cast(x, f"{buf}__{want}_as_{logical_t.name}{sfx}", logical_t, f"{tag}/to_{logical_t.name}")
-        scopes[-1].reads[key] = x
+        self.scopes[-1].reads[key] = x
         return x
 
-    # ---- graph inputs: device buffers in their device format
-    in_entries = {str(e.get("name")): e for e in manifest.get("inputs") or []}
-    inputs_map: dict[str, str] = {}
-    new_inputs = []
-    for vi in g.input:
-        if vi.name in consts:
-            continue
-        e = in_entries.get(vi.name, {})
-        dev_fmt = _norm(e.get("device_format") or e.get("format") or "ND")
-        graph_fmt = _norm(e.get("graph_format") or "")
-        origin = graph_fmt if graph_fmt and not is_identity(dev_fmt) else _plain_origin(dev_fmt, len(shape_of(vi.name)))
-        host_dt = _elem_np(elem(vi.name))
-        st = stored_for(vi.name, dev_fmt, host_dt, e.get("c0"), origin)
-        dev_name = f"{vi.name}__in"
-        stored[dev_name] = st
-        inputs_map[vi.name] = dev_name
-        new_inputs.append(helper.make_tensor_value_info(dev_name, elem(vi.name), list(st.storage)))
-        buf = dev_name
-        low = device_dtype(vi.name, None)
-        if low != host_dt:  # the plan stores this input in lower precision on the device
-            buf = store(vi.name, read(vi.name, dev_name, dev_fmt, st.c0, "input"),
-                        dataclasses.replace(st, dtype=low), f"input:{vi.name}")
-        buffer_of[vi.name] = buf
-        if vi.name in sub_reads:
-            _alias(out, read(vi.name, buf, dev_fmt, st.c0, "subgraph"), vi.name)
+    def _read_rounded(self, t: str, buf: str, st: Stored, logical_t: np.dtype, reader: str) -> str:
+        """The value ``buf`` was made from, rounded through the buffer's dtype (once per scope)."""
+        src = self.logical_of[buf][1]
+        if st.dtype == logical_t:
+            return src
+        scope = self.scopes[-1]
+        got = scope.find("rounded", buf)
+        if got is None:
+            sfx = self._sfx()
+            low = self.out.cast(src, f"{buf}__rounded{sfx}", st.dtype, f"{reader}/{t}/round_{st.dtype.name}")
+            got = self.out.cast(low, f"{buf}__rounded_back{sfx}", logical_t, f"{reader}/{t}/round_back")
+            scope.rounded[buf] = got
+        return got
 
-    # ---- TransData by (tensor, consumer)
-    td_by_edge: dict[tuple[str, str], dict] = {}
-    td_list = [td for td in manifest.get("transdata") or [] if isinstance(td, dict)]
-    for td in td_list:
-        for c in td.get("consumers") or []:
-            td_by_edge[(str(td.get("tensor")), str(c))] = td
-    def transdata_buffer(td: dict) -> str:
+    def _reinterpret(self, t: str, buf: str, st: Stored, want: str, c0: Any, reader: str, tag: str,
+                     sfx: str) -> tuple[Stored, str]:
+        """``buf``'s bytes seen as a ``want`` buffer (the view, and the name holding it)."""
+        x = buf
+        if is_identity(st.format) and not st.shape:  # a plain buffer stored without its shape
+            st = dataclasses.replace(st, shape=tuple(self.shape_of(t)))
+        view = self.stored_for(t, want, st.dtype, c0, _plain_origin(want, len(st.shape)))
+        if st.storage != view.storage or not (is_identity(st.format) and is_identity(view.format)):
+            nodes, inits = format_graph.reinterpret_nodes(buf, st.storage, view.storage,
+                                                          f"{buf}__as_{want}{sfx}", prefix=f"{tag}/reinterpret",
+                                                          opset=self.opset)
+            self.out.add(nodes, inits)
+            x = f"{buf}__as_{want}{sfx}"
+            self.reinterpreted.append(f"{t} ({st.format} read as {want} by {reader})")
+        return view, x
+
+    def transdata_buffer(self, td: dict) -> str:
         name = str(td.get("name"))
-        got = scopes[-1].find("td_done", name)
+        got = self.scopes[-1].find("td_done", name)
         if got is not None:
             return got
         t = str(td["tensor"])
-        src_buf = buffer_of[t]
-        src_st = stored[src_buf]
+        src_buf = self.buffer_of[t]
+        src_st = self.stored[src_buf]
         # a TransData is real: it unpacks its source buffer and packs the destination buffer
-        logical = read(t, src_buf, td.get("src_format"), src_st.c0, name, real=True)
-        dst = stored_for(t, td.get("dst_format"), src_st.dtype, None, _plain_origin(td.get("dst_format"),
-                                                                                  len(src_st.shape)))
-        sfx = f"_{len(scopes) - 1}_{id(scopes[-1]) % 100000}" if len(scopes) > 1 else ""
-        buf = store(t, logical, dst, name, name=f"{t}__{name}{sfx}", lazy=False)
-        scopes[-1].td_done[name] = buf
-        ran_td.add(name)
-        records.append(OpRecord(name, "TransData", [(t, src_buf)], [(t, buf)]))
+        logical = self.read(t, src_buf, td.get("src_format"), src_st.c0, name, real=True)
+        dst = self.stored_for(t, td.get("dst_format"), src_st.dtype, None, _plain_origin(td.get("dst_format"),
+                                                                                        len(src_st.shape)))
+        sfx = self._sfx()
+        buf = self.store(t, logical, dst, name, name=f"{t}__{name}{sfx}", lazy=False)
+        self.scopes[-1].td_done[name] = buf
+        self.ran_td.add(name)
+        self.records.append(OpRecord(name, "TransData", [(t, src_buf)], [(t, buf)]))
         return buf
 
-    def source(t: str, consumer: str) -> str:
-        td = td_by_edge.get((t, consumer))
-        return transdata_buffer(td) if td is not None else buffer_of[t]
+    def source(self, t: str, consumer: str) -> str:
+        td = self.td_by_edge.get((t, consumer))
+        return self.transdata_buffer(td) if td is not None else self.buffer_of[t]
 
-    # tensors the plan fuses into their reader (never stored, so not rounded); literal stores all
-    fused = set() if literal else {str(t) for t in manifest.get("fused_tensors") or []}
-    storage_ops: list[str] = []
-    records: list[OpRecord] = []
-    ran_td: set[str] = set()
+    # ---- the graph, node by node
+    def graph_inputs(self) -> list[onnx.ValueInfoProto]:
+        """Graph inputs: device buffers in their device format; the new graph's input list."""
+        in_entries = {str(e.get("name")): e for e in self.manifest.get("inputs") or []}
+        self.inputs_map: dict[str, str] = {}
+        new_inputs = []
+        for vi in self.g.input:
+            if vi.name in self.consts:
+                continue
+            e = in_entries.get(vi.name, {})
+            dev_fmt = _norm(e.get("device_format") or e.get("format") or "ND")
+            graph_fmt = _norm(e.get("graph_format") or "")
+            origin = graph_fmt if graph_fmt and not is_identity(dev_fmt) else \
+                _plain_origin(dev_fmt, len(self.shape_of(vi.name)))
+            host_dt = _elem_np(self.elem(vi.name))
+            st = self.stored_for(vi.name, dev_fmt, host_dt, e.get("c0"), origin)
+            dev_name = f"{vi.name}__in"
+            self.stored[dev_name] = st
+            self.inputs_map[vi.name] = dev_name
+            new_inputs.append(helper.make_tensor_value_info(dev_name, self.elem(vi.name), list(st.storage)))
+            buf = dev_name
+            low = self.device_dtype(vi.name, None)
+            if low != host_dt:  # the plan stores this input in lower precision on the device
+                buf = self.store(vi.name, self.read(vi.name, dev_name, dev_fmt, st.c0, "input"),
+                                 dataclasses.replace(st, dtype=low), f"input:{vi.name}")
+            self.buffer_of[vi.name] = buf
+            if vi.name in self.sub_reads:
+                _alias(self.out, self.read(vi.name, buf, dev_fmt, st.c0, "subgraph"), vi.name)
+        return new_inputs
 
-    def body(sub: onnx.GraphProto, owner: str) -> onnx.GraphProto:
+    def body(self, sub: onnx.GraphProto, owner: str) -> onnx.GraphProto:
         """The plan executed inside an If/Loop/Scan body: its inputs arrive as logical (ND) values, its
         outputs leave as logical values, and what happens between follows the plan like the top level."""
-        scopes.append(_Scope(opset, scopes[-1]))
+        self.scopes.append(_Scope(self.opset, self.scopes[-1]))
         try:
             for init in sub.initializer:
-                consts.add(init.name)
+                self.consts.add(init.name)
             for nd in sub.node:
-                nf = node_formats.get(nd.name)
+                nf = self.node_formats.get(nd.name)
                 if (isinstance(nf, dict) and nf.get("folded")) or nd.op_type == "Constant":
-                    consts.update(o for o in nd.output if o)
+                    self.consts.update(o for o in nd.output if o)
             for vi in sub.input:
                 if vi.type.HasField("tensor_type") and vi.type.tensor_type.elem_type:
-                    types.setdefault(vi.name, vi.type.tensor_type.elem_type)
-                    stored[vi.name] = Stored("ND", _elem_np(vi.type.tensor_type.elem_type),
-                                             tuple(shapes.get(vi.name, ())), None)
+                    self.types.setdefault(vi.name, vi.type.tensor_type.elem_type)
+                    self.stored[vi.name] = Stored("ND", _elem_np(vi.type.tensor_type.elem_type),
+                                                  tuple(self.shapes.get(vi.name, ())), None)
                 else:
-                    opaque.add(vi.name)
-                    stored[vi.name] = Stored("ND", np.dtype(object), (), None)
-                buffer_of[vi.name] = vi.name
-            process(sub.node)
-            outs = []
-            for k, vo in enumerate(sub.output):
-                o = vo.name
-                if o in consts or o not in buffer_of or o in opaque:
-                    outs.append(vo)
-                    continue
-                value = read(o, source(o, "<graph output>"), "ND", None, f"{owner}/output")
-                new_vo = onnx.ValueInfoProto()
-                new_vo.CopyFrom(vo)
-                new_vo.name = f"{o}__body_out"
-                if new_vo.type.HasField("tensor_type"):
-                    new_vo.type.tensor_type.ClearField("shape")
-                out.add([helper.make_node("Identity", [value], [new_vo.name], name=f"{owner}/{o}/body_output")])
-                outs.append(new_vo)
-            new = onnx.GraphProto()
-            new.CopyFrom(sub)
-            del new.node[:]
-            new.node.extend(scopes[-1].out.nodes)
-            new.initializer.extend(scopes[-1].out.inits)
-            del new.output[:]
-            new.output.extend(outs)
-            del new.value_info[:]
-            return new
+                    self.opaque.add(vi.name)
+                    self.stored[vi.name] = Stored("ND", np.dtype(object), (), None)
+                self.buffer_of[vi.name] = vi.name
+            self.process(sub.node)
+            return self._body_graph(sub, owner)
         finally:
-            scopes.pop()
+            self.scopes.pop()
 
-    def process(nodes) -> None:
+    def _body_graph(self, sub: onnx.GraphProto, owner: str) -> onnx.GraphProto:
+        """The rewritten body: the current scope's nodes, its outputs read back as logical values."""
+        outs = []
+        for k, vo in enumerate(sub.output):
+            o = vo.name
+            if o in self.consts or o not in self.buffer_of or o in self.opaque:
+                outs.append(vo)
+                continue
+            value = self.read(o, self.source(o, "<graph output>"), "ND", None, f"{owner}/output")
+            new_vo = onnx.ValueInfoProto()
+            new_vo.CopyFrom(vo)
+            new_vo.name = f"{o}__body_out"
+            if new_vo.type.HasField("tensor_type"):
+                new_vo.type.tensor_type.ClearField("shape")
+            self.out.add([helper.make_node("Identity", [value], [new_vo.name], name=f"{owner}/{o}/body_output")])
+            outs.append(new_vo)
+        new = onnx.GraphProto()
+        new.CopyFrom(sub)
+        del new.node[:]
+        new.node.extend(self.scopes[-1].out.nodes)
+        new.initializer.extend(self.scopes[-1].out.inits)
+        del new.output[:]
+        new.output.extend(outs)
+        del new.value_info[:]
+        return new
+
+    def process(self, nodes) -> None:
         for n in nodes:
-            nf = node_formats.get(n.name) if isinstance(node_formats.get(n.name), dict) else {}
-            # a node the plan has no layout record for reads each input as it is stored (no constraint)
-            unconstrained = "input_formats" not in nf
-            in_fmts = list(nf.get("input_formats") or [])
-            out_fmts = list(nf.get("output_formats") or [])
-            node_dtype = nf.get("dtype")
-            c0 = nf.get("c0")
-            is_folded = bool(nf.get("folded")) or n.op_type == "Constant"
-            new = onnx.NodeProto()
-            new.CopyFrom(n)
-            for a in new.attribute:  # If/Loop/Scan: their bodies follow the plan too
-                if a.type == onnx.AttributeProto.GRAPH:
-                    a.g.CopyFrom(body(a.g, n.name))
-                elif a.type == onnx.AttributeProto.GRAPHS:
-                    for sub in a.graphs:
-                        sub.CopyFrom(body(sub, n.name))
-            if is_folded:  # computed at compile time (Shape of a static tensor...): reads logical values
-                for j, t in enumerate(n.input):
-                    if t and t in buffer_of:
-                        new.input[j] = read(t, buffer_of[t], stored[buffer_of[t]].format, None, n.name)
-                out.nodes.append(new)
-                continue
-            # the formats this node writes
-            writes = []
-            for k, o in enumerate(n.output):
-                if not o:
-                    writes.append(None)
-                    continue
-                if o in opaque:  # a sequence/optional/map between two ops: not a device tensor of the plan
-                    writes.append(Stored("ND", np.dtype(object), (), None))
-                    continue
-                fmt = out_fmts[k] if k < len(out_fmts) and out_fmts[k] else tensor_formats.get(o, "ND")
-                # fused into its only reader (an elementwise op, as ATC fuses them): never stored, not rounded
-                dt = _elem_np(elem(o)) if o in fused else device_dtype(o, node_dtype)
-                writes.append(stored_for(o, fmt, dt, c0, _plain_origin(fmt, len(shapes.get(o, ())))))
-            fast = _storage_plan(n, in_fmts, writes, consts, buffer_of, stored, source, pending, weights)
-            if fast is not None:
-                storage_ops.append(n.name)
-                records.append(OpRecord(n.name, n.op_type, [(t, b) for t, (kind, b) in zip(n.input, fast.operands)
-                                                            if kind == "buffer"], []))
-                _emit_storage_op(out, new, fast, writes[0], elem, stored, buffer_of, sub_reads,
-                                 read, opset)
-                records[-1].outputs.append((n.output[0], buffer_of[n.output[0]]))
-                continue
-            rec = OpRecord(n.name, n.op_type, [], [])
+            self.process_node(n)
+
+    def process_node(self, n: onnx.NodeProto) -> None:
+        nf = self.node_formats.get(n.name) if isinstance(self.node_formats.get(n.name), dict) else {}
+        # a node the plan has no layout record for reads each input as it is stored (no constraint)
+        unconstrained = "input_formats" not in nf
+        in_fmts = list(nf.get("input_formats") or [])
+        c0 = nf.get("c0")
+        is_folded = bool(nf.get("folded")) or n.op_type == "Constant"
+        new = onnx.NodeProto()
+        new.CopyFrom(n)
+        for a in new.attribute:  # If/Loop/Scan: their bodies follow the plan too
+            if a.type == onnx.AttributeProto.GRAPH:
+                a.g.CopyFrom(self.body(a.g, n.name))
+            elif a.type == onnx.AttributeProto.GRAPHS:
+                for sub in a.graphs:
+                    sub.CopyFrom(self.body(sub, n.name))
+        if is_folded:  # computed at compile time (Shape of a static tensor...): reads logical values
             for j, t in enumerate(n.input):
-                if not t or t in consts:
-                    continue
-                if t not in buffer_of:
-                    raise ModelError(f"plan execution: node {n.name} reads {t!r}, which nothing produced",
-                                     hint="re-convert the model; if it persists this is a converter bug")
-                buf = source(t, n.name)
-                rec.inputs.append((t, buf))
-                fmt = stored[buf].format if unconstrained else (in_fmts[j] if j < len(in_fmts) else None)
-                new.input[j] = read(t, buf, fmt, c0, n.name)
-            out.nodes.append(new)
-            for k, o in enumerate(n.output):
-                if not o:
-                    continue
-                buffer_of[o] = store(o, o, writes[k], n.name)
-                rec.outputs.append((o, buffer_of[o]))
-            records.append(rec)
+                if t and t in self.buffer_of:
+                    new.input[j] = self.read(t, self.buffer_of[t], self.stored[self.buffer_of[t]].format, None, n.name)
+            self.out.nodes.append(new)
+            return
+        writes = self._writes(n, nf, c0)
+        fast = _storage_plan(n, in_fmts, writes, self.consts, self.buffer_of, self.stored, self.source, self.pending,
+                             self.weights)
+        if fast is not None:
+            self.storage_ops.append(n.name)
+            self.records.append(OpRecord(n.name, n.op_type, [(t, b) for t, (kind, b) in zip(n.input, fast.operands)
+                                                             if kind == "buffer"], []))
+            _emit_storage_op(self.out, new, fast, writes[0], self.elem, self.stored, self.buffer_of, self.sub_reads,
+                             self.read, self.opset)
+            self.records[-1].outputs.append((n.output[0], self.buffer_of[n.output[0]]))
+            return
+        rec = OpRecord(n.name, n.op_type, [], [])
+        for j, t in enumerate(n.input):
+            if not t or t in self.consts:
+                continue
+            if t not in self.buffer_of:
+                raise ModelError(f"plan execution: node {n.name} reads {t!r}, which nothing produced",
+                                 hint="re-convert the model; if it persists this is a converter bug")
+            buf = self.source(t, n.name)
+            rec.inputs.append((t, buf))
+            fmt = self.stored[buf].format if unconstrained else (in_fmts[j] if j < len(in_fmts) else None)
+            new.input[j] = self.read(t, buf, fmt, c0, n.name)
+        self.out.nodes.append(new)
+        for k, o in enumerate(n.output):
+            if not o:
+                continue
+            self.buffer_of[o] = self.store(o, o, writes[k], n.name)
+            rec.outputs.append((o, self.buffer_of[o]))
+        self.records.append(rec)
 
-    process(g.node)
+    def _writes(self, n: onnx.NodeProto, nf: Mapping[str, Any], c0: Any) -> list[Stored | None]:
+        """How each output of ``n`` is stored (None for an omitted optional output)."""
+        out_fmts = list(nf.get("output_formats") or [])
+        node_dtype = nf.get("dtype")
+        writes: list[Stored | None] = []
+        for k, o in enumerate(n.output):
+            if not o:
+                writes.append(None)
+                continue
+            if o in self.opaque:  # a sequence/optional/map between two ops: not a device tensor of the plan
+                writes.append(Stored("ND", np.dtype(object), (), None))
+                continue
+            fmt = out_fmts[k] if k < len(out_fmts) and out_fmts[k] else self.tensor_formats.get(o, "ND")
+            # fused into its only reader (an elementwise op, as ATC fuses them): never stored, not rounded
+            dt = _elem_np(self.elem(o)) if o in self.fused else self.device_dtype(o, node_dtype)
+            writes.append(self.stored_for(o, fmt, dt, c0, _plain_origin(fmt, len(self.shapes.get(o, ())))))
+        return writes
 
-    # ---- graph outputs: device buffers in the output's device format
-    out_entries = {str(e.get("name")): e for e in manifest.get("outputs") or []}
-    outputs_map: dict[str, str] = {}
-    output_shapes: dict[str, tuple[int, ...]] = {}
-    new_outputs = []
-    for vi in g.output:
-        o = vi.name
-        e = out_entries.get(o, {})
-        dev_fmt = _norm(e.get("device_format") or e.get("format") or "ND")
-        name = f"{o}__out"
-        if o in consts:
-            out.add([helper.make_node("Identity", [o], [name], name=f"output:{o}/identity")])
-            stored[name] = Stored("ND", _elem_np(elem(o)), shapes.get(o, ()), None)
-        else:
-            buf = source(o, "<graph output>")
-            materialize(buf)
-            st = stored[buf]
-            if same_format(dev_fmt, st.format):
-                src = buf
+    def graph_outputs(self) -> list[onnx.ValueInfoProto]:
+        """Graph outputs: device buffers in the output's device format; the new graph's output list."""
+        out_entries = {str(e.get("name")): e for e in self.manifest.get("outputs") or []}
+        self.outputs_map: dict[str, str] = {}
+        self.output_shapes: dict[str, tuple[int, ...]] = {}
+        new_outputs = []
+        out, stored = self.out, self.stored
+        for vi in self.g.output:
+            o = vi.name
+            e = out_entries.get(o, {})
+            dev_fmt = _norm(e.get("device_format") or e.get("format") or "ND")
+            name = f"{o}__out"
+            if o in self.consts:
+                out.add([helper.make_node("Identity", [o], [name], name=f"output:{o}/identity")])
+                stored[name] = Stored("ND", _elem_np(self.elem(o)), self.shapes.get(o, ()), None)
             else:
-                view = stored_for(o, dev_fmt, st.dtype, e.get("c0"), _plain_origin(dev_fmt, len(st.shape)))
-                nodes, inits = format_graph.reinterpret_nodes(buf, st.storage, view.storage, f"{buf}__as_out",
-                                                              prefix=f"output:{o}/reinterpret", opset=opset)
-                out.add(nodes, inits)
-                reinterpreted.append(f"{o} ({st.format} read as {dev_fmt} by the output transfer)")
-                src, st = f"{buf}__as_out", view
-            out.add([helper.make_node("Identity", [src], [name], name=f"output:{o}/identity")])
-            stored[name] = st
-        outputs_map[o] = name
-        output_shapes[o] = tuple(shapes.get(o, ()))
-        new_outputs.append(helper.make_tensor_value_info(name, helper.np_dtype_to_tensor_dtype(stored[name].dtype),
-                                                         list(stored[name].storage)))
+                buf = self.source(o, "<graph output>")
+                self.materialize(buf)
+                st = stored[buf]
+                if same_format(dev_fmt, st.format):
+                    src = buf
+                else:
+                    view = self.stored_for(o, dev_fmt, st.dtype, e.get("c0"), _plain_origin(dev_fmt, len(st.shape)))
+                    nodes, inits = format_graph.reinterpret_nodes(buf, st.storage, view.storage, f"{buf}__as_out",
+                                                                  prefix=f"output:{o}/reinterpret", opset=self.opset)
+                    out.add(nodes, inits)
+                    self.reinterpreted.append(f"{o} ({st.format} read as {dev_fmt} by the output transfer)")
+                    src, st = f"{buf}__as_out", view
+                out.add([helper.make_node("Identity", [src], [name], name=f"output:{o}/identity")])
+                stored[name] = st
+            self.outputs_map[o] = name
+            self.output_shapes[o] = tuple(self.shapes.get(o, ()))
+            new_outputs.append(helper.make_tensor_value_info(name, helper.np_dtype_to_tensor_dtype(stored[name].dtype),
+                                                             list(stored[name].storage)))
+        return new_outputs
 
-    exposed: dict[str, str] = {}
-    if expose:
-        for r in records:
+    def exposed_outputs(self) -> tuple[dict[str, str], list[onnx.ValueInfoProto]]:
+        """Every buffer an op reads or writes, also as a graph output (for operator dumps)."""
+        exposed: dict[str, str] = {}
+        new_outputs = []
+        for r in self.records:
             for t, buf in r.inputs + r.outputs:
-                if buf in exposed or t in opaque or buf not in stored:
+                if buf in exposed or t in self.opaque or buf not in self.stored:
                     continue
                 name = f"{buf}__exposed"
-                out.add([helper.make_node("Identity", [buf], [name], name=f"expose:{buf}")])
+                self.out.add([helper.make_node("Identity", [buf], [name], name=f"expose:{buf}")])
                 exposed[buf] = name
-                st = stored[buf]
+                st = self.stored[buf]
                 new_outputs.append(helper.make_tensor_value_info(name, helper.np_dtype_to_tensor_dtype(st.dtype),
                                                                  list(st.storage)))
-    seen: set[str] = set()
-    for node in out.nodes:  # generated names are unique per tensor; make sure of it across tensors
-        if node.name in seen:
-            k = 1
-            while f"{node.name}#{k}" in seen:
-                k += 1
-            node.name = f"{node.name}#{k}"
-        seen.add(node.name)
-    del g.node[:]
-    g.node.extend(out.nodes)
-    g.initializer.extend(out.inits)
-    kept_inputs = [vi for vi in g.input if vi.name in consts]
-    del g.input[:]
-    g.input.extend(new_inputs + kept_inputs)
-    del g.output[:]
-    g.output.extend(new_outputs)
-    del g.value_info[:]
-    td_names = [str(td.get("name")) for td in td_list if str(td.get("name")) in ran_td]
-    tensor_stored = {t: stored[b] for t, b in buffer_of.items()}
-    return PlanGraph(model, tensor_stored, inputs_map, outputs_map, output_shapes, td_names, storage_ops,
-                     reinterpreted, records, dict(stored), exposed)
+        return exposed, new_outputs
+
+    def build(self, expose: bool) -> PlanGraph:
+        g = self.g
+        new_inputs = self.graph_inputs()
+        self.process(g.node)
+        new_outputs = self.graph_outputs()
+        exposed: dict[str, str] = {}
+        if expose:
+            exposed, more = self.exposed_outputs()
+            new_outputs += more
+        nodes = self.out.nodes
+        seen: set[str] = set()
+        for node in nodes:  # generated names are unique per tensor; make sure of it across tensors
+            if node.name in seen:
+                k = 1
+                while f"{node.name}#{k}" in seen:
+                    k += 1
+                node.name = f"{node.name}#{k}"
+            seen.add(node.name)
+        del g.node[:]
+        g.node.extend(nodes)
+        g.initializer.extend(self.out.inits)
+        kept_inputs = [vi for vi in g.input if vi.name in self.consts]
+        del g.input[:]
+        g.input.extend(new_inputs + kept_inputs)
+        del g.output[:]
+        g.output.extend(new_outputs)
+        del g.value_info[:]
+        td_names = [str(td.get("name")) for td in self.td_list if str(td.get("name")) in self.ran_td]
+        tensor_stored = {t: self.stored[b] for t, b in self.buffer_of.items()}
+        return PlanGraph(self.model, tensor_stored, self.inputs_map, self.outputs_map, self.output_shapes, td_names,
+                         self.storage_ops, self.reinterpreted, self.records, dict(self.stored), exposed)
 
 
 def _alias(out: _Graph, src: str, dst: str) -> None:

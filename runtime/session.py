@@ -1,13 +1,19 @@
 """``InferenceSession``: one API for an offline bundle on the CPU emulator and an ``.om`` on a device.
 
 The file is recognised by its content, never its name: a bundle (``converters.files.bundle.is_bundle``) runs on
-the CPU emulator, an ``.om`` (``converters.files.om.is_om``) on an Ascend device through ACL. An ONNX file is not
-a runnable model here: convert it first (``npu-deploy convert model.onnx --backend builtin``).
+the CPU emulator, an ``.om`` (``converters.files.om.is_om``) on an Ascend device through ACL. An ONNX file is
+converted in memory (below).
 
 The API follows onnxruntime's, so code written for ``onnxruntime.InferenceSession`` runs unchanged:
 
 * ``InferenceSession("model.onnx")`` converts in memory (ATC when it and a device are present, else the
-  built-in lowering for the CPU emulator; :attr:`InferenceSession.conversion` says which);
+  built-in lowering for the CPU emulator; :attr:`InferenceSession.conversion` says which). A model whose
+  inputs keep dynamic dims (symbolic, or an unbounded range) opens at once and lowers each new input shape
+  on its first run, keeping the last ``shape_cache_size=`` (default 8; also
+  ``sess_options.add_session_config_entry("npu_deploy.shape_cache_size", "N")``) shapes
+  (:class:`ShapeCache`); a bounded range (``input_shapes={"x": "1~4,3,224,224"}``) is planned once by the
+  built-in lowering when one plan serves it (else shape by shape, bounds checked); gears given at open
+  time (``dynamic_batch=`` / ``dynamic_dims=``) are one conversion;
 * ``providers=["CANNExecutionProvider" | "CPUExecutionProvider", ...]`` (first one that can run the
   model wins; ``("CANNExecutionProvider", {"device_id": 1})`` sets the device), ``sess_options=``
   (an ``onnxruntime.SessionOptions``: threads and the rest honoured by the emulator's onnxruntime;
@@ -39,20 +45,25 @@ exit, whichever comes first.
 from __future__ import annotations
 
 import atexit
+import collections
+import contextlib
 import dataclasses
 import logging
 import os
 import shutil
+import sys
 import tempfile
 import threading
+import time
 import weakref
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from npu_deploy.converters.files.onnx_model import DimRange, TensorInfo, declared_io, fmt_range_shape, split_ranges
 from npu_deploy.errors import DependencyError, InputError, ModelError
-from npu_deploy.runtime.backend import ORT_TYPES, Backend, TensorMeta, Timing
+from npu_deploy.runtime.backend import ORT_TYPES, Backend, Gear, TensorMeta, Timing
 
 BACKENDS = ("auto", "emulator", "acl")
 # onnxruntime execution-provider names -> the backend that plays their part
@@ -126,7 +137,9 @@ class InferenceSession:
                  profile: bool = False, profile_dir: str | os.PathLike | None = None, *,
                  sess_options: Any = None, providers: Sequence[Any] | None = None,
                  provider_options: Sequence[dict] | None = None,
-                 input_shapes: Mapping[str, Sequence[int]] | None = None):
+                 input_shapes: Mapping[str, Sequence[Any]] | None = None,
+                 dynamic_batch: Sequence[int] | None = None, dynamic_dims: Any = None,
+                 shape_cache_size: int | None = None):
         if backend not in BACKENDS:
             raise InputError(f"unknown backend {backend!r}", hint=f"use one of {', '.join(BACKENDS)}")
         self.path = Path(path)
@@ -138,23 +151,31 @@ class InferenceSession:
         self.conversion = ""
         self.source_model: Path | None = None
         self._sess_options = sess_options
+        self._shape_cache: ShapeCache | None = None
         kind = sniff_model(self.path)
         backend, device_id = _resolve_providers(providers, provider_options, backend, device_id, kind)
+        self.device_id_hint = device_id
         if kind == "onnx":
-            kind, backend = self._convert_onnx(backend, input_shapes)
-        elif input_shapes is not None:
-            raise InputError("input_shapes= is for an .onnx model converted on the fly",
+            kind, backend = self._convert_onnx(backend, input_shapes, dynamic_batch, dynamic_dims,
+                                               _cache_size(shape_cache_size, sess_options), profile)
+        elif input_shapes is not None or dynamic_batch is not None or dynamic_dims is not None:
+            raise InputError("input_shapes= / dynamic_batch= / dynamic_dims= are for an .onnx model converted "
+                             "on the fly",
                              hint="a bundle or .om has its shapes; give concrete arrays to run()")
         if backend == "auto":
             backend = "emulator" if kind == "bundle" else "acl"
-        if backend == "emulator" and kind != "bundle":
+        if backend == "emulator" and kind not in ("bundle", "dynamic"):
             raise InputError(f"{self.path}: the emulator runs offline bundles, this is an .om",
                              hint="run it with the acl backend on an Ascend host, or convert the ONNX model with the "
                                   "built-in backend for the emulator")
-        if backend == "acl" and kind != "om":
+        if backend == "acl" and kind not in ("om", "dynamic"):
             raise InputError(f"{self.path}: the acl backend runs .om files, this is an offline bundle",
                              hint="run it with the emulator backend (or auto)")
-        if backend == "emulator":
+        if kind == "dynamic":
+            if backend == "acl":
+                _refuse_device_options(sess_options)
+            be = self._shape_cache
+        elif backend == "emulator":
             from npu_deploy.runtime.emulator import EmulatorBackend
 
             be: Backend = EmulatorBackend(self.path, profile=profile, profile_dir=profile_dir,
@@ -181,6 +202,8 @@ class InferenceSession:
             self._remove_tmpdir()
             raise
         self._backend = be
+        #: ``{input: per-dim (low, high) or None}`` of a shape-range bundle (``convert --input-shape x:1~4,...``)
+        self.ranges = _bundle_ranges(be)
         with _open_lock:
             _open_sessions.add(self)
 
@@ -201,17 +224,42 @@ class InferenceSession:
     def closed(self) -> bool:
         return self._backend is None
 
-    def _convert_onnx(self, backend: str, input_shapes) -> tuple[str, str]:
+    def _convert_onnx(self, backend: str, input_shapes, dynamic_batch, dynamic_dims, cache_size: int,
+                      profile: bool) -> tuple[str, str]:
         """Make an ``.onnx`` runnable: ATC → ``.om`` when ATC is found and the ACL backend is wanted or
-        importable, else the built-in lowering → a bundle for the emulator, in a private folder."""
+        importable, else the built-in lowering → a bundle for the emulator, in a private folder.
+
+        A model whose inputs keep dynamic dimensions (symbolic dims not fixed by ``input_shapes``, or
+        ranges such as ``"1~4"`` in them) and no gears is not converted here: each input shape is
+        lowered on first use (:class:`ShapeCache`); the kind returned is then ``"dynamic"``."""
         from npu_deploy.converters.lowering.convert import convert
 
         use_atc = backend == "acl" or (backend == "auto" and _device_path_available())
         self._tmpdir = tempfile.mkdtemp(prefix="npu-deploy-session-")
-        out = Path(self._tmpdir) / (self.path.stem + (".om" if use_atc else ".bundle"))
         try:
+            shapes, ranges = split_ranges(input_shapes)
+            if dynamic_batch is None and dynamic_dims is None:
+                inputs, outputs = declared_io(self.path)
+                fixed = {i.name: tuple((shapes or {}).get(i.name, i.shape)) for i in inputs}
+                ranged_only = all(d >= 0 or (n in ranges and ranges[n][k] is not None)
+                                  for n, s in fixed.items() for k, d in enumerate(s))
+                if ranges and ranged_only and not use_atc and self._convert_range(input_shapes):
+                    return "bundle", "emulator"
+                if ranges or any(d < 0 for s in fixed.values() for d in s):
+                    if profile:
+                        raise InputError(f"{self.path}: profile=True needs fixed input shapes",
+                                         hint="give input_shapes= (or dynamic_batch= gears) when profiling")
+                    self._shape_cache = ShapeCache(self.path, inputs, outputs, fixed, ranges, Path(self._tmpdir),
+                                                   cache_size, use_atc=use_atc, device_id=self.device_id_hint,
+                                                   session_options=self._sess_options)
+                    self.source_model = self.path
+                    self.conversion = ("ATC per input shape (.om, on the device)" if use_atc else
+                                       "built-in lowering per input shape (bundles, CPU emulator)")
+                    return "dynamic", ("acl" if use_atc else "emulator")
+            out = Path(self._tmpdir) / (self.path.stem + (".om" if use_atc else ".bundle"))
             res = convert(self.path, out, backend="atc" if use_atc else "builtin",
-                          input_shapes=dict(input_shapes) if input_shapes else None)
+                          input_shapes=dict(shapes) if shapes else None, dynamic_batch=dynamic_batch,
+                          dynamic_dims=dynamic_dims)
         except BaseException:
             self._remove_tmpdir()
             raise
@@ -219,6 +267,23 @@ class InferenceSession:
         self.conversion = "ATC (.om, on the device)" if use_atc else "built-in lowering (bundle, CPU emulator)"
         _log.info("%s: converted in memory with %s", self.source_model, self.conversion)
         return ("om", "acl") if use_atc else ("bundle", "emulator")
+
+    def _convert_range(self, input_shapes) -> bool:
+        """The built-in lowering planned for a range once (``converters.lowering.ranges``): True when
+        it could; False when one plan cannot serve the range (then each shape is lowered on first use)."""
+        from npu_deploy.converters.lowering.convert import convert
+
+        out = Path(self._tmpdir) / (self.path.stem + ".bundle")
+        try:
+            res = convert(self.path, out, backend="builtin", input_shapes=dict(input_shapes))
+        except InputError as e:
+            if "one plan cannot serve" in e.message or "upper bound" in e.message:
+                _log.info("%s: %s; lowering each input shape on first use instead", self.path, e.message)
+                return False
+            raise
+        self.source_model, self.path = self.path, Path(res.output)
+        self.conversion = "built-in lowering for the shape range (one bundle, CPU emulator)"
+        return True
 
     def _remove_tmpdir(self) -> None:
         d, self._tmpdir = self._tmpdir, None
@@ -234,6 +299,8 @@ class InferenceSession:
         return [NodeArg(m, self._dim_names("output", m)) for m in self.backend.get_outputs()]
 
     def _dim_names(self, kind: str, meta: TensorMeta) -> list[str | None]:
+        if isinstance(self._backend, ShapeCache):
+            return self._backend.dim_names(kind, meta.name)
         graph = getattr(self._backend, "_graph", None)
         if graph is not None:
             for vi in (graph.graph.input if kind == "input" else graph.graph.output):
@@ -299,11 +366,15 @@ class InferenceSession:
         ``terminate`` is refused, the other fields do not apply here."""
         if run_options is not None and getattr(run_options, "terminate", False):
             raise InputError("run_options.terminate is set: the run was cancelled before it started")
+        if self.ranges:
+            check_ranges(self.ranges, self.backend.get_inputs(), feeds, "the model was converted for")
         return self.backend.run(output_names, feeds)
 
     def run_timed(self, output_names: Sequence[str] | None,
                   feeds: Mapping[str, Any]) -> tuple[list[np.ndarray], Timing]:
         """Like :meth:`run`, also returning the host→device / compute / device→host split."""
+        if self.ranges:
+            check_ranges(self.ranges, self.backend.get_inputs(), feeds, "the model was converted for")
         return self.backend.run_timed(output_names, feeds)
 
     def close(self) -> None:
@@ -510,6 +581,172 @@ class IOBinding:
 
     def synchronize_outputs(self) -> None:
         """Nothing to wait for: runs are synchronous."""
+
+
+# ------------------------------------------------------------------ dynamic shapes: one model per input shape
+DEFAULT_SHAPE_CACHE = 8
+#: the ``sess_options.add_session_config_entry`` key that sets the shape cache size
+SHAPE_CACHE_KEY = "npu_deploy.shape_cache_size"
+
+
+def _cache_size(size: int | None, sess_options: Any) -> int:
+    """The shape cache size: the keyword, else ``sess_options``' config entry :data:`SHAPE_CACHE_KEY`,
+    else :data:`DEFAULT_SHAPE_CACHE`."""
+    where = "shape_cache_size="
+    if size is None and sess_options is not None and hasattr(sess_options, "get_session_config_entry"):
+        try:
+            entry = sess_options.get_session_config_entry(SHAPE_CACHE_KEY)
+        except Exception:  # onnxruntime raises when the key was never set
+            entry = ""
+        if entry:
+            size, where = entry, f"sess_options entry {SHAPE_CACHE_KEY}="
+    if size is None:
+        return DEFAULT_SHAPE_CACHE
+    try:
+        n = int(size)
+    except (TypeError, ValueError):
+        n = 0
+    if isinstance(size, bool) or n < 1:
+        raise InputError(f"{where}{size!r} must be a whole number >= 1 (input shapes kept converted)")
+    return n
+
+
+class ShapeCache(Backend):
+    """An ``.onnx`` with dynamic input dimensions, run as onnxruntime runs it: each new set of input
+    shapes is lowered on first use (built-in lowering → bundle on the emulator, or ATC → ``.om``)
+    and kept; at most ``size`` shapes stay converted, the least recently used is released first.
+
+    ``ranges`` (``{input: per-dim (low, high) or None}``) bound the dimensions given as ranges at open
+    time: a shape outside is refused, naming the input and the range. The first run of a shape says
+    once that it converted, and how long it took, on stderr when that is a terminal (and in the
+    ``npu_deploy`` log always). :attr:`conversions` counts the conversions made."""
+
+    name = "shape-cache"
+
+    def __init__(self, source: Path, inputs: Sequence[TensorInfo], outputs: Sequence[TensorInfo],
+                 shapes: Mapping[str, tuple[int, ...]], ranges: Mapping[str, Sequence[DimRange | None]],
+                 workdir: Path, size: int, *, use_atc: bool = False, device_id: int = 0,
+                 session_options: Any = None):
+        super().__init__()
+        self.source, self.workdir, self.size = Path(source), Path(workdir), int(size)
+        self.use_atc, self.device_id, self._sess_options = use_atc, device_id, session_options
+        self.ranges = {n: tuple(r) for n, r in ranges.items()}
+        unknown = [n for n in shapes if n not in {i.name for i in inputs}]
+        if unknown:
+            raise InputError(f"input_shapes names {', '.join(map(repr, unknown))}, not inputs of {self.source.name}",
+                             hint=f"its inputs are {', '.join(i.name for i in inputs)}")
+        self._names = {"input": {i.name: i.dim_names for i in inputs},
+                       "output": {o.name: o.dim_names for o in outputs}}
+        self._inputs = [TensorMeta(i.name, shapes[i.name], i.dtype, _plain_format(len(shapes[i.name])))
+                        for i in inputs]
+        self._outputs = [TensorMeta(o.name, o.shape, o.dtype, _plain_format(len(o.shape))) for o in outputs]
+        self._cache: "collections.OrderedDict[tuple, Backend]" = collections.OrderedDict()
+        self.conversions = 0
+
+    def get_inputs(self) -> list[TensorMeta]:
+        return list(self._inputs)
+
+    def get_outputs(self) -> list[TensorMeta]:
+        return list(self._outputs)
+
+    def dim_names(self, kind: str, name: str) -> list[str | None]:
+        return list(self._names[kind].get(name, ()))
+
+    def cached_shapes(self) -> list[dict[str, tuple[int, ...]]]:
+        """The input shapes converted and kept, least recently used first."""
+        return [dict(k) for k in self._cache]
+
+    def _deactivate(self) -> None:
+        while self._cache:
+            _, be = self._cache.popitem(last=False)
+            with contextlib.suppress(Exception):
+                be.deactivate()
+
+    def _backend_for(self, key: tuple) -> Backend:
+        be = self._cache.get(key)
+        if be is not None:
+            self._cache.move_to_end(key)
+            return be
+        shapes = dict(key)
+        be = self._convert(shapes)
+        self._cache[key] = be
+        while len(self._cache) > self.size:
+            _, old = self._cache.popitem(last=False)
+            old.deactivate()
+            for f in getattr(old, "_files", ()):
+                with contextlib.suppress(OSError):
+                    os.unlink(f)
+        return be
+
+    def _convert(self, shapes: dict[str, tuple[int, ...]]) -> Backend:
+        from npu_deploy.converters.lowering.convert import convert
+
+        self.conversions += 1
+        tag = "_".join("x".join(map(str, s)) for s in shapes.values())
+        out = self.workdir / f"{self.source.stem}-{self.conversions}-{tag}{'.om' if self.use_atc else '.bundle'}"
+        t0 = time.perf_counter()
+        res = convert(self.source, out, backend="atc" if self.use_atc else "builtin", input_shapes=shapes)
+        seconds = time.perf_counter() - t0
+        if self.use_atc:
+            from npu_deploy.runtime.acl import AclBackend  # vendor-backed: imported only where ACL runs
+
+            be: Backend = AclBackend(res.output, device_id=self.device_id)
+        else:
+            from npu_deploy.runtime.emulator import EmulatorBackend  # heavy (onnxruntime): on first use
+
+            be = EmulatorBackend(res.output, session_options=_ort_options(self._sess_options))
+        be._files = (res.output,)
+        be.activate()
+        shown = "; ".join(f"{n}:{','.join(map(str, s))}" for n, s in shapes.items())
+        line = (f"npu-deploy: {self.source.name}: new input shape {shown}: converted in {seconds:.1f} s "
+                f"(kept; up to {self.size} shapes)")
+        _log.info("%s", line)
+        if getattr(sys.stderr, "isatty", lambda: False)():
+            print(line, file=sys.stderr, flush=True)
+        return be
+
+    def _run_validated(self, output_names: list[str], feeds: dict[str, np.ndarray], *,
+                       gear: Gear | None) -> list[np.ndarray]:
+        check_ranges(self.ranges, self._inputs, feeds, "the session was opened with")
+        key = tuple((m.name, tuple(feeds[m.name].shape)) for m in self._inputs)
+        be = self._backend_for(key)
+        outs, t = be.run_timed(output_names, feeds)
+        for phase in ("h2d", "compute", "d2h"):
+            self._report_phase(phase, getattr(t, phase))
+        return outs
+
+
+def check_ranges(ranges: Mapping[str, Sequence[Any]], metas: Sequence[TensorMeta], feeds: Mapping[str, Any],
+                 what: str) -> None:
+    """Refuse a feed whose shape is outside ``ranges`` (``{input: per-dim (low, high) or None}``,
+    ``high == -1``: unbounded), naming the input and the range."""
+    by_name = {m.name: m for m in metas}
+    for name, rng in ranges.items():
+        if name not in feeds or name not in by_name:
+            continue  # a missing feed is the backend's to report
+        shape = np.shape(feeds[name])
+        if len(shape) != len(rng):
+            continue  # the rank is checked by the backend, with its message
+        for axis, r in enumerate(rng):
+            if r is not None and not (r[0] <= shape[axis] and (r[1] == -1 or shape[axis] <= r[1])):
+                shown = fmt_range_shape(by_name[name].shape, rng)
+                raise InputError(f"input {name!r}: shape {','.join(map(str, shape))} is outside the range "
+                                 f"{shown} {what} (axis {axis}: {shape[axis]} not in {r[0]}~{r[1]})",
+                                 hint=f"feed a shape inside {name}:{shown}, or convert for a wider range")
+
+
+def _bundle_ranges(backend: Backend) -> dict[str, tuple]:
+    manifest = getattr(backend, "_manifest", None)
+    dynamic = manifest.get("dynamic") if isinstance(manifest, dict) else None
+    ranges = dynamic.get("ranges") if isinstance(dynamic, dict) and dynamic.get("mode") == "range" else None
+    if not isinstance(ranges, dict):
+        return {}
+    return {str(n): tuple(tuple(int(v) for v in r) if isinstance(r, list) else None for r in rng)
+            for n, rng in ranges.items() if isinstance(rng, list)}
+
+
+def _plain_format(rank: int) -> str:
+    return {4: "NCHW", 5: "NCDHW"}.get(rank, "ND")
 
 
 # ------------------------------------------------------------------ providers and options

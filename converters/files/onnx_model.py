@@ -33,7 +33,7 @@ from __future__ import annotations
 import dataclasses
 import os
 from pathlib import Path
-from typing import Iterable, Mapping, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 import onnx
@@ -1063,3 +1063,87 @@ def _constants(model: onnx.ModelProto) -> dict[str, ConstantRef]:
                                            "constant_node", node_name=n.name,
                                            external=t.data_location == onnx.TensorProto.EXTERNAL)
     return out
+
+
+# ------------------------------------------------------------------ shape ranges (ATC >= 8.5: "x:1~4,3,224,224")
+#: a dimension's inclusive range ``(low, high)``; ``high == -1`` leaves it unbounded above (ATC's ``1~-1``)
+DimRange = tuple[int, int]
+
+
+def parse_dim(text: Any, *, where: str = "--input-shape") -> int | DimRange:
+    """One dimension: ``3``, ``-1`` / ``?`` (dynamic) or a range ``1~4`` (ATC's spelling since CANN 8.5).
+
+    >>> parse_dim("1~4"), parse_dim("8"), parse_dim("-1")
+    ((1, 4), 8, -1)
+    """
+    if isinstance(text, (tuple, list)) and len(text) == 2:
+        lo, hi = (int(v) for v in text)
+    else:
+        s = str(text).strip()
+        if s == "?":
+            return -1
+        lo_s, sep, hi_s = s.partition("~")
+        try:
+            if not sep:
+                v = int(s)
+                if v < -1:
+                    raise ValueError
+                return v
+            lo, hi = int(lo_s), int(hi_s)
+        except ValueError:
+            raise InputError(f"{where}: {s!r} is not a dimension (an integer, -1, or a range LOW~HIGH)",
+                             hint='example: --input-shape "x:1~4,3,224,224"') from None
+    if lo < 1 or (hi != -1 and hi < lo):
+        raise InputError(f"{where}: range {lo}~{hi} is not LOW~HIGH with 1 <= LOW <= HIGH (or HIGH -1)",
+                         hint='example: --input-shape "x:1~4,3,224,224"')
+    return (lo, hi)
+
+
+def split_ranges(input_shapes: Mapping[str, Sequence[Any]] | None
+                 ) -> tuple[dict[str, Shape] | None, dict[str, tuple[DimRange | None, ...]]]:
+    """``{name: dims}`` whose dims may be ranges → (the shapes with -1 for each range, ``{name: per-dim
+    range or None}`` for the inputs that have one).
+
+    >>> split_ranges({"x": ["1~4", 3, 16, 16], "y": (2, 5)})
+    ({'x': (-1, 3, 16, 16), 'y': (2, 5)}, {'x': ((1, 4), None, None, None)})
+    """
+    if input_shapes is None:
+        return None, {}
+    shapes: dict[str, Shape] = {}
+    ranges: dict[str, tuple[DimRange | None, ...]] = {}
+    for name, dims in input_shapes.items():
+        if isinstance(dims, str):
+            dims = [p for p in dims.strip().strip("[]()").split(",") if p.strip()]
+        parsed = [parse_dim(d, where=f"input {name!r}") for d in dims]
+        shapes[name] = tuple(-1 if isinstance(d, tuple) else d for d in parsed)
+        if any(isinstance(d, tuple) for d in parsed):
+            ranges[name] = tuple(d if isinstance(d, tuple) else None for d in parsed)
+    return shapes, ranges
+
+
+def fmt_range_shape(shape: Sequence[int], ranges: Sequence[DimRange | None] = ()) -> str:
+    """``(-1, 3)`` with ``((1, 4), None)`` → ``"1~4,3"`` (ATC's spelling).
+
+    >>> fmt_range_shape((-1, 3, 16), ((1, 4), None, None))
+    '1~4,3,16'
+    """
+    ranges = list(ranges) + [None] * (len(shape) - len(ranges))
+    return ",".join(f"{r[0]}~{r[1]}" if r else str(d) for d, r in zip(shape, ranges))
+
+
+def declared_io(path: str | os.PathLike) -> tuple[list[TensorInfo], list[TensorInfo]]:
+    """The graph's declared inputs (initializers excluded) and outputs, read without external data or
+    checks: what a session on a dynamic model reports before anything is converted."""
+    p = Path(path)
+    try:
+        model = onnx.load(str(p), load_external_data=False)
+    except Exception as e:
+        raise ModelError(f"{p}: not a readable ONNX model ({_first_line(e)})") from None
+    inits = {t.name for t in model.graph.initializer}
+
+    def info(vi: onnx.ValueInfoProto) -> TensorInfo:
+        shape, names = _vi_shape(vi)
+        return TensorInfo(vi.name, _np_dtype(vi.type.tensor_type.elem_type), shape, names)
+
+    return ([info(vi) for vi in model.graph.input if vi.name not in inits],
+            [info(vi) for vi in model.graph.output])

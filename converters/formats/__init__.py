@@ -47,6 +47,11 @@ Conventions
   ``np.take`` through a precomputed index map, larger ones a recorded sequence of compiled-kernel
   calls (``_fastcopy``); without the kernel, the derived interpreter below. ``threads=`` sets the
   thread count of large copies (default ``NPU_DEPLOY_THREADS``, else the usable cores, at most 8).
+  Choices are measured on the host, per recipe: from 1 MiB the first call times the program's
+  kernel variants (streaming stores, tile depth, loop order) and the plain numpy assignment on its
+  own buffers, in process CPU time, and keeps the fastest (``NPU_DEPLOY_TUNE=0``: the recorded
+  default); a small recipe called again with the very same ``x`` and ``out`` runs a runner bound to
+  them (the gather or the plain numpy assignment, whichever it measured faster).
 * Errors are :class:`npu_deploy.errors.FormatError`.
 
 Additions to the contract in ``docs/internals.md``: :data:`GE_FORMATS`, :data:`GE_DTYPES`,
@@ -62,8 +67,11 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import re
 import threading
+import time
+import weakref
 from functools import lru_cache
 from typing import Any, Callable, Mapping, Sequence
 
@@ -1290,6 +1298,8 @@ class _Recipe:
     scatter: bool = False
     unit: int = 1               # elements moved as one (an aligned run contiguous on both sides)
     programs: dict = dataclasses.field(default_factory=dict)   # thread count -> kernel program
+    choices: dict = dataclasses.field(default_factory=dict)    # thread count -> (variant, CPU s by variant)
+    last: list = dataclasses.field(default_factory=lambda: [None, None])   # small calls: see _bind_small
     views: int = 0              # leading stages that are views (no intermediate array)
 
     @property
@@ -1376,6 +1386,8 @@ def _clear_recipes() -> None:
     with _recipe_lock:
         _recipes.clear()
         _recipe_bytes = 0
+        _last_call[0] = _last_unpack_call[0] = None
+        _tuned_classes.clear()
 
 
 def _cache_key(kind: str, fmt: Any, *rest: Any) -> tuple | None:
@@ -1465,6 +1477,91 @@ def _program(r: _Recipe, n_threads: int):
     return tuple(rec.steps) if rec.ok else False
 
 
+class _Plain(_Run):
+    """The derived path's steps as plain numpy assignments (``dst[...] = src``): the numpy
+    transpose of the same layout, one of the variants a recipe is timed against."""
+
+    def copy(self, dst: np.ndarray, src: np.ndarray) -> None:
+        dst[...] = src
+
+
+_PLAIN = "numpy"                # a recipe's program that is the plain numpy path
+_TUNE = os.environ.get("NPU_DEPLOY_TUNE", "1").strip().lower() not in _fastcopy._OFF
+_TUNE_BYTES = 1 << 20           # bytes (input or output): below this the recorded program runs untimed
+_TUNE_ROUNDS_BYTES = 48 << 20   # timed rounds: about this many bytes per variant (1 to 3 rounds)
+_tuned_classes: dict[tuple, str] = {}   # layout class -> winning variant label (see _tune)
+
+
+def _variant_steps(steps: tuple, nt: bool, a_bytes: int, rc: int) -> tuple:
+    return tuple(step if type(step) is int else
+                 tuple((fn, di, do, si, so, _fastcopy.task_variant(fn, args, nt, a_bytes, rc))
+                       for fn, di, do, si, so, args in step) for step in steps)
+
+
+def _run_plain(r: "_Recipe", x: np.ndarray, out: np.ndarray) -> None:
+    temps = _temps(r)
+    if r.unpack:
+        phys = x if x.shape == r.plan.storage else x.reshape(r.plan.storage)
+        _unpack_derived(phys, r.plan, out, sink=_Plain(), temps=temps)
+    else:
+        _pack_derived(x, r.plan, out, sink=_Plain(), temps=temps)
+
+
+def _tune(r: "_Recipe", steps: tuple, x: np.ndarray, out: np.ndarray, bufs: list[np.ndarray],
+          n_threads: int):
+    """The fastest of the recorded program's kernel variants (streaming stores on / off, tile
+    depths: :data:`_fastcopy.VARIANTS`) and the plain numpy path, timed in process CPU time on this
+    call's own buffers (every variant writes the same bytes, so ``out`` is complete whichever ran
+    last). Which one wins depends on the host's caches and write-combining, so it is measured here
+    rather than fixed in the code; the variants alternate within each round, the best of the rounds
+    counts. Recorded in ``r.choices[n_threads]`` (variant, CPU seconds by variant; ``{}`` when the
+    winner of the recipe's layout class was reused untimed)."""
+    cands: dict[str, Any] = {"recorded": steps}
+    seen = {repr(steps)}
+    for nt, a_bytes, rc in _fastcopy.VARIANTS:
+        v = _variant_steps(steps, nt, a_bytes, rc)
+        key = repr(v)
+        if key not in seen:
+            seen.add(key)
+            cands[f"{'nt' if nt else 'st'}-a{a_bytes}-r{rc}"] = v
+    cands[_PLAIN] = _PLAIN
+    # a layout class already measured in this process (same format, direction, dtype, threads and
+    # size within a factor of 2): its winner, untimed, so that converting a model's many weights
+    # pays the timing once per class, not once per weight
+    klass = (r.plan.fmt.name, r.unpack, r.plan.dtype.str, n_threads, max(out.nbytes, x.nbytes).bit_length(),
+             len(r.plan.stages), math.prod(r.plan.shape[2:]) if len(r.plan.shape) > 2 else 0)
+    known = _tuned_classes.get(klass)
+    if known is not None and (known in cands or known == "recorded"):
+        r.choices[n_threads] = (known, {})
+        prog = cands[known]
+        if prog is _PLAIN:
+            _run_plain(r, x, out)
+        else:
+            _replay(prog, bufs, n_threads)
+        return prog
+    rounds = max(1, min(3, _TUNE_ROUNDS_BYTES // max(out.nbytes, x.nbytes, 1)))
+    best = {k: float("inf") for k in cands}
+    _replay(steps, bufs, n_threads)                 # warm-up: first touch of the buffers
+    for _ in range(rounds):
+        for k, prog in cands.items():
+            t0 = time.process_time()
+            if prog is _PLAIN:
+                _run_plain(r, x, out)
+            else:
+                _replay(prog, bufs, n_threads)
+            best[k] = min(best[k], time.process_time() - t0)
+    win = min(best, key=best.get)
+    if cands[win] is not _PLAIN and win != "recorded" and best["recorded"] <= best[win]:
+        win = "recorded"
+    r.choices[n_threads] = (win, best)
+    _tuned_classes[klass] = win
+    if cands[win] is not _PLAIN:
+        _replay(cands[win], bufs, n_threads)        # out is complete after any variant; this one last
+    else:
+        _run_plain(r, x, out)
+    return cands[win]
+
+
 def _replay(steps: tuple, bufs: list[np.ndarray], n_threads: int) -> None:
     ptrs = [b.__array_interface__["data"][0] for b in bufs]
     for step in steps:
@@ -1479,12 +1576,163 @@ def _replay(steps: tuple, bufs: list[np.ndarray], n_threads: int) -> None:
                                  for fn, di, do, si, so, args in step], n_threads)
 
 
+class _Collect(_Run):
+    """Takes the derived path's steps down as (op, dst view, src view) on the call's own buffers."""
+
+    def __init__(self):
+        self.ops: list = []
+
+    def copy(self, dst: np.ndarray, src: np.ndarray) -> None:
+        self.ops.append((dst, src))
+
+    def zero(self, dst: np.ndarray) -> None:
+        self.ops.append((dst, None))
+
+    fill = zero
+
+
+_SMALL_BIND = os.environ.get("NPU_DEPLOY_SMALL_BIND", "1").strip().lower() not in _fastcopy._OFF
+_BIND_BYTES = 64 << 10          # outputs up to this size bind a runner (which keeps its two buffers alive)
+_SMALL_TRIALS = 16              # calls per variant and round when a small recipe chooses its path
+
+
+def _gather_runner(r: _Recipe, x: np.ndarray, out: np.ndarray) -> Callable[[], None]:
+    """The recipe's gather (``np.take`` / ``np.put`` through its index map) bound to these buffers."""
+    ub = r.unit * x.dtype.itemsize
+    src, dst = x.reshape(-1), out.reshape(-1)
+    if r.unit > 1:
+        src, dst = src.view(_fastcopy._UNITS[ub]), dst.view(_fastcopy._UNITS[ub])
+    gather, zero, raw = r.gather, r.zero, out.reshape(-1).view(np.uint8)
+    if r.scatter:
+        def run() -> None:
+            raw.fill(0)
+            np.put(dst, gather, src, mode="clip")
+    elif zero is None:
+        def run() -> None:
+            np.take(src, gather, out=dst, mode="clip")
+    elif ub in _UINT:
+        zdst = dst.view(_UINT[ub])
+
+        def run() -> None:
+            np.take(src, gather, out=dst, mode="clip")
+            np.put(zdst, zero, 0, mode="clip")
+    else:
+        zrows = raw.reshape(-1, ub)
+
+        def run() -> None:
+            np.take(src, gather, out=dst, mode="clip")
+            zrows[zero] = 0
+    return run
+
+
+def _views_runner(r: _Recipe, x: np.ndarray, out: np.ndarray) -> Callable[[], None] | None:
+    """The plain numpy expression of the layout (the derived path's strided assignments, views
+    built once) bound to these buffers; None for layouts with an intermediate array."""
+    if len(r.plan.stages) > 1 and r.views < len(r.plan.stages) - 1:
+        return None
+    col = _Collect()
+    if r.unpack:
+        _unpack_derived(x if x.shape == r.plan.storage else x.reshape(r.plan.storage), r.plan, out, sink=col)
+    else:
+        _pack_derived(x, r.plan, out, sink=col)
+    ops = col.ops
+    if len(ops) == 1 and ops[0][1] is not None:
+        d0, s0 = ops[0]
+
+        def run() -> None:
+            d0[...] = s0
+        return run
+
+    def run_all() -> None:
+        for d, s in ops:
+            if s is None:
+                d[...] = 0
+            else:
+                d[...] = s
+    return run_all
+
+
+def _program_runner(r: _Recipe, x: np.ndarray, out: np.ndarray, threads: int | None) -> Callable[[], None] | None:
+    """The recipe's recorded kernel program bound to these buffers; None when the kernel cannot do it."""
+    if not _fastcopy.KERNEL_ENABLED or _fastcopy._kernel_fn() is None:
+        return None
+    n = threads or _fastcopy._threads()
+    prog = r.programs.get(n)
+    if prog is None:
+        prog = r.programs[n] = _program(r, n)
+    if prog is False or prog is _PLAIN:
+        return None
+    bufs = [x, out, *_temps(r)] if r.views < len(r.plan.stages) - 1 else [x, out]
+    return lambda: _replay(prog, bufs, n)
+
+
+def _bind_small(r: _Recipe, x: np.ndarray, out: np.ndarray, threads: int | None = None) -> bool:
+    """Run a small recipe on ``x`` -> ``out`` and bind the runner to these buffers (a repeated call
+    with the same arrays, the emulator's case, then only checks their identity). The first binding
+    of a recipe chooses between its gather, the plain numpy expression of the layout and its kernel
+    program by timing them in process CPU time, alternating; later bindings build the chosen one.
+    False when none applies (nothing was run)."""
+    makers = {"gather": _gather_runner if r.gather is not None and r.gather.size <= _GATHER_MAX else None,
+              "views": _views_runner, "kernel": lambda r_, x_, o_: _program_runner(r_, x_, o_, threads)}
+    kind = r.last[1]
+    run = makers[kind](r, x, out) if kind else None
+    if run is None:
+        cands = {k: f for k, f in ((k, m(r, x, out)) for k, m in makers.items() if m is not None) if f is not None}
+        if not cands:
+            return False                # nothing to bind: the caller takes the general path
+        best = {k: float("inf") for k in cands}
+        for _ in range(3 if len(cands) > 1 else 0):
+            for k, f in cands.items():
+                t0 = time.process_time()
+                for _ in range(_SMALL_TRIALS):
+                    f()
+                best[k] = min(best[k], time.process_time() - t0)
+        kind = min(best, key=best.get)
+        run = cands[kind]
+    run()
+    r.last[1] = kind
+    try:
+        r.last[0] = (weakref.ref(x), weakref.ref(out), run)   # one tuple: replaced atomically
+    except TypeError:                   # no weak references to these objects: no binding
+        pass
+    return True
+
+
+# The last pack / unpack call bound to its buffers: (x ref, out ref, fmt, c0, groups, origin, x shape,
+# out shape, dtype, runner, unpack's shape argument). A call repeating it with the very same objects
+# (the emulator converting into reused buffers) runs the runner after identity checks only. Two
+# entries, one per direction, so that a pack/unpack round trip keeps both.
+_last_call: list = [None]
+_last_unpack_call: list = [None]
+
+
+def _note_call(r: _Recipe, x: np.ndarray, out: np.ndarray | None, fmt: Any, c0: Any, groups: Any, origin: Any,
+               threads: Any, key: tuple | None, shape: Any = None) -> None:
+    """Remember a small call bound to its buffers (see ``_last_call``), when its recipe bound one."""
+    bound = r.last[0]
+    if key is None or out is None or threads is not None or bound is None:
+        return
+    if bound[0]() is x and bound[1]() is out:
+        (_last_unpack_call if r.unpack else _last_call)[0] = (
+            bound[0], bound[1], fmt, c0, groups, origin, x.shape, out.shape, x.dtype, bound[2], shape)
+
+
 def _run_recipe(r: _Recipe, x: np.ndarray, out: np.ndarray | None, threads: int | None) -> np.ndarray:
     if out is None:
         out = np.empty(r.out_shape, dtype=x.dtype)
     elif not (type(out) is np.ndarray and out.shape == r.out_shape and out.dtype == x.dtype
               and out.flags.c_contiguous and out.flags.writeable):
         _check_out(out, r.out_shape, x.dtype, "logical" if r.unpack else "storage")
+    else:
+        bound = r.last[0]           # one read: another thread may rebind it meanwhile
+        if bound is not None and bound[0]() is x and bound[1]() is out:
+            bound[2]()              # the same buffers as a previous call: the runner bound to them
+            return out
+        if (_SMALL_BIND and _fastcopy.ENABLED and out.nbytes <= _BIND_BYTES and x.nbytes <= _BIND_BYTES
+                and x.flags.c_contiguous and out.size
+                and ((r.gather is not None and r.gather.size <= _GATHER_MAX) or _fastcopy._kernel_fn() is not None)):
+            if _bind_small(r, x, out, threads):
+                return out
     if (r.gather is not None and _fastcopy.ENABLED and x.flags.c_contiguous
             and (r.gather.size <= _GATHER_MAX or _fastcopy._kernel_fn() is None)):
         # raw units: take/put move bytes; zeros are written through unsigned views (bit-exact zero
@@ -1508,7 +1756,15 @@ def _run_recipe(r: _Recipe, x: np.ndarray, out: np.ndarray | None, threads: int 
         n = threads or _fastcopy._threads()
         prog = r.programs.get(n)
         if prog is None:
-            prog = r.programs[n] = _program(r, n)
+            prog = _program(r, n)
+            if prog is not False and _TUNE and max(out.nbytes, x.nbytes) >= _TUNE_BYTES:
+                bufs = [x, out, *_temps(r)] if r.views < len(r.plan.stages) - 1 else [x, out]
+                prog = r.programs[n] = _tune(r, prog, x, out, bufs, n)
+                return out
+            r.programs[n] = prog
+        if prog is _PLAIN:
+            _run_plain(r, x, out)
+            return out
         if prog is not False:
             _replay(prog, [x, out, *_temps(r)] if r.views < len(r.plan.stages) - 1 else [x, out], n)
             return out
@@ -1535,6 +1791,12 @@ def pack(x: Any, fmt: Any, *, c0: int | None = None, groups: int = 1, origin: st
     >>> pack(np.ones((20, 35), np.int8), "FRACTAL_NZ").shape
     (2, 2, 16, 32)
     """
+    b = _last_call[0]               # the previous call's arguments and runner (one read)
+    if (b is not None and out is not None and b[0]() is x and b[1]() is out and b[2] is fmt and b[3] is c0
+            and b[4] is groups and b[5] is origin and threads is None and x.shape == b[6] and out.shape == b[7]
+            and x.dtype is b[8] and out.dtype is b[8] and out.flags.writeable):
+        b[9]()
+        return out
     x = _as_array(x)
     key = _cache_key("p", fmt, x.shape, x.dtype, c0, groups, origin)
     r = _recipes.get(key) if key is not None else None
@@ -1543,7 +1805,9 @@ def pack(x: Any, fmt: Any, *, c0: int | None = None, groups: int = 1, origin: st
     if r is None:
         p = _plan(fmt, x.shape, x.dtype, c0, groups, origin)
         r = _remember(key, _make_recipe(p, False, x.shape))
-    return _run_recipe(r, x, out, threads)
+    res = _run_recipe(r, x, out, threads)
+    _note_call(r, x, out, fmt, c0, groups, origin, threads, key)
+    return res
 
 
 def _stage_view(a: np.ndarray, sp: _StagePlan) -> np.ndarray | None:
@@ -1628,6 +1892,13 @@ def unpack(phys: Any, fmt: Any, shape: Sequence[int], *, c0: int | None = None, 
     >>> bool((unpack(pack(x, "FRACTAL_NZ", c0=8), "FRACTAL_NZ", x.shape) == x).all())
     True
     """
+    b = _last_unpack_call[0]
+    if (b is not None and out is not None and b[0]() is phys and b[1]() is out and b[2] is fmt and b[3] is c0
+            and b[4] is groups and b[5] is origin and threads is None and b[10] is shape
+            and phys.shape == b[6] and out.shape == b[7] and phys.dtype is b[8] and out.dtype is b[8]
+            and out.flags.writeable):
+        b[9]()
+        return out
     phys = _as_array(phys)
     try:
         shape_key = tuple(shape)
@@ -1640,7 +1911,9 @@ def unpack(phys: Any, fmt: Any, shape: Sequence[int], *, c0: int | None = None, 
         threads = _check_threads(threads)
     if r is None:
         r = _remember(key, _make_recipe(_unpack_plan(phys, fmt, shape, c0, groups, origin), True, phys.shape))
-    return _run_recipe(r, phys, out, threads)
+    res = _run_recipe(r, phys, out, threads)
+    _note_call(r, phys, out, fmt, c0, groups, origin, threads, key, shape)
+    return res
 
 
 def _unpack_plan(phys: np.ndarray, fmt: Any, shape: Sequence[int], c0: int | None, groups: int,

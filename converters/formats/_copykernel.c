@@ -516,10 +516,23 @@ static inline void npd_prefetch(const char *p, i64 n, int write) {
 #endif
 }
 
+/* one r of npd_tile3 (see below) */
+static inline void npd_t3_one(char *d, const char *s, i64 r, i64 R, i64 A, i64 B, i64 es, i64 rstride,
+                              i64 bstride, i64 blk, int dir, int nt, int ahead) {
+    if (dir == 0) {
+        if (ahead && r + NPD_T3_READ_AHEAD < R) npd_prefetch(s + (r + NPD_T3_READ_AHEAD) * rstride, blk, 0);
+        tile_copy_nt(d + r * A * es, s + r * rstride, B, A, bstride, es, es, B * es, es, nt);
+    } else {
+        if (ahead && r + NPD_T3_WRITE_AHEAD < R) npd_prefetch(d + (r + NPD_T3_WRITE_AHEAD) * rstride, blk, 1);
+        tile_copy(d + r * rstride, s + r * A * es, A, B, B * es, es, es, bstride, es);
+    }
+}
+
 int npd_tile3(char *dst, const char *src, int nd, const i64 *shape, const i64 *ds, const i64 *ss, i64 es,
               int dir) {
     int nt = (dir & 4) != 0;               /* bit 2: streaming stores on the run side (pack) */
-    dir &= ~4;
+    i64 rc = (dir >> 8) & 0xff;            /* bits 8-15: r-chunk; 0 = r innermost (see below) */
+    dir &= 3;
     if (nd < 3 || nd > NPD_MAXND || es < 1 || (dir != 0 && dir != 1)) return -1;
     for (int k = 0; k < nd; k++) {
         if (shape[k] < 0) return -1;
@@ -534,6 +547,26 @@ int npd_tile3(char *dst, const char *src, int nd, const i64 *shape, const i64 *d
     i64 idx[NPD_MAXND] = {0};
     char *d = dst;
     const char *s = src;
+    if (rc > 0) {
+        /* r-chunks outermost: rc consecutive r (whole lines of the run side when rc * A * es is a
+         * multiple of 64) for every index of the outer axes, then the next chunk. The block side
+         * is then walked along its rows (FRACTAL_Z: the NCHW weight read row by row), the run
+         * side written a line per stream at a time. */
+        for (i64 r0 = 0; r0 < R; r0 += rc) {
+            i64 r1 = R - r0 < rc ? R : r0 + rc;
+            for (int k = 0; k < no; k++) idx[k] = 0;
+            d = dst;
+            s = src;
+            for (;;) {
+                for (i64 r = r0; r < r1; r++) npd_t3_one(d, s, r, R, A, B, es, rstride, bstride, blk, dir, nt, 0);
+                if (!odometer_next(idx, no, shape, ds, ss, &d, &s)) break;
+            }
+        }
+#if defined(__SSE2__)
+        if (nt) _mm_sfence();
+#endif
+        return 0;
+    }
     for (;;) {
         if (dir == 0) {     /* run[b][r*A + a] = blk_r[a][b]; prefetch the source block 8 rows ahead */
             for (i64 r = 0; r < R; r++) {

@@ -45,6 +45,9 @@ written at once (no read-for-ownership of the destination: a third less memory t
 
 :func:`kernel_tasks` returns the kernel calls of a copy without running them, so ``formats`` can
 record a whole pack/unpack once and replay it on other buffers of the same shapes (:func:`run_tasks`).
+:func:`task_variant` rewrites a recorded call with other streaming-store / tile / loop-order
+settings (:data:`VARIANTS`), same bytes copied: ``formats`` times them per recipe on the host and
+keeps the fastest, since the best setting depends on the host's caches and write-combining.
 
 Copies of at least ``_PARALLEL_BYTES`` are split over ``min(len(sched_getaffinity), 8)`` threads
 (numpy, onnxruntime and the kernel release the GIL while copying), or the caller's ``threads``: the
@@ -682,6 +685,45 @@ def _kernel_plan(shape, ds, ss):
 _TILE3_MAX_BLOCK = 8192     # bytes: npd_tile3 only for small blocks (FRACTAL_Z: C0 x H·W, H·W small)
 
 
+def _tiles(shape, unit: int, a_bytes: int) -> tuple[int, int]:
+    """Mode-1 tile (tile_a, tile_b): ~``a_bytes`` x _KTILE_B_BYTES, at most _KTILE_MAX bytes (L2-sized)."""
+    tile_a = max(1, min(shape[-1], max(8, a_bytes // unit)))
+    tile_b = max(1, min(shape[-2], max(8, _KTILE_B_BYTES // unit)))
+    while tile_a * tile_b * unit > _KTILE_MAX and max(tile_a, tile_b) > 8:
+        if tile_a >= tile_b:
+            tile_a = max(8, tile_a // 2)
+        else:
+            tile_b = max(8, tile_b // 2)
+    return tile_a, tile_b
+
+
+# Kernel variants tried per recipe (formats' recipes time them on the first call's buffers and keep
+# the fastest, see :func:`task_variant`): (streaming stores, mode-1 tile depth in bytes along the
+# destination's inner axis, npd_tile3 r-chunk: 0 = r innermost, -1 = one 64-byte line of the run
+# side, else that many r). Which wins depends on the host (write-combining buffers, cache sizes,
+# prefetchers), not only on the layout: on one x86-64 host NC1HWC0 fp16 unpack runs at 0.16-0.3 of
+# a copy with streaming stores and 1.0-1.4 without, NC1HWC0 fp16 pack the other way round.
+VARIANTS: tuple[tuple[bool, int, int], ...] = (
+    (False, 256, 0), (False, 2048, 0), (True, 256, 0), (True, 2048, 0),
+    (False, 256, -1), (True, 256, -1), (False, 256, 8), (True, 256, 8))
+
+
+def task_variant(fn, args: tuple, nt: bool, a_bytes: int, rc: int = 0) -> tuple:
+    """``args`` of a kernel task (from :func:`kernel_tasks`) with streaming stores ``nt`` (where the
+    task's mode allows them), tile depth ``a_bytes`` (npd_copy) and r-chunk ``rc`` (npd_tile3);
+    the box copied, hence the result, is the same whatever the variant."""
+    if fn is _kernel.get("fn3"):
+        nd, c_shape, c_ds, c_ss, unit, d = args
+        if rc < 0:
+            rc = max(1, 64 // max(1, c_shape[nd - 2] * unit))
+        return (nd, c_shape, c_ds, c_ss, unit, (d & 3) | (4 if nt else 0) | (min(rc, 255) << 8))
+    nd, c_shape, c_ds, c_ss, unit, mode, tile_a, tile_b = args
+    if mode & ~4 != 1:
+        return args                                 # rows mode: no tiles, no streaming stores
+    tile_a, tile_b = _tiles(list(c_shape), unit, a_bytes)
+    return (nd, c_shape, c_ds, c_ss, unit, 1 | (4 if nt else 0), tile_a, tile_b)
+
+
 def _tile3_plan(shape, ds, ss, unit: int):
     """(order, dir) for ``npd_tile3`` when the copy moves many small contiguous blocks into long
     runs or back, else None. In the kernel's axis order (..., r, a, b): the *block* side (the source
@@ -738,14 +780,8 @@ def _kernel_tasks(dst: np.ndarray, src: np.ndarray, shape, ds, ss, unit: int, n_
     d0 = dst.__array_interface__["data"][0]
     s0 = src.__array_interface__["data"][0]
     tile_a = tile_b = 1
-    if mode == 1:   # tiles of ~_KTILE_A_BYTES x _KTILE_B_BYTES, at most _KTILE_MAX bytes (L2-sized)
-        tile_a = max(1, min(shape[-1], max(8, _KTILE_A_BYTES // unit)))
-        tile_b = max(1, min(shape[-2], max(8, _KTILE_B_BYTES // unit)))
-        while tile_a * tile_b * unit > _KTILE_MAX and max(tile_a, tile_b) > 8:
-            if tile_a >= tile_b:
-                tile_a = max(8, tile_a // 2)
-            else:
-                tile_b = max(8, tile_b // 2)
+    if mode == 1:
+        tile_a, tile_b = _tiles(shape, unit, _KTILE_A_BYTES)
     # threads: split the longest of the outer axes (or of the tile axes) into equal chunks
     ax = 0
     if n_threads > 1 and mode == 2:                 # tile3: split an outer axis or r, never a or b

@@ -66,6 +66,7 @@ import subprocess
 import tempfile
 import threading
 import time
+from pathlib import Path
 from typing import Any, Callable, ClassVar, Iterable, Mapping, Sequence
 
 from npu_deploy._result import Result
@@ -228,7 +229,7 @@ def build_atc_argv(model: str | os.PathLike, output: str | os.PathLike, *, soc: 
                    log: str | None = "error",
                    extra_args: Sequence[str] = (),
                    workdir: str | os.PathLike | None = None,
-                   check_files: bool = True) -> list[str]:
+                   check_files: bool = True, shape_ranges: Mapping[str, Sequence[Any]] | None = None) -> list[str]:
     """ATC's argument list for an ONNX model, checked against ATC's documented rules first.
 
     ``output`` may end in ``.om``; the suffix is dropped because ATC appends it. Set
@@ -239,9 +240,39 @@ def build_atc_argv(model: str | os.PathLike, output: str | os.PathLike, *, soc: 
     ['--input_shape=x:-1,3,8,8', '--dynamic_batch_size=1,4']
     """
     shapes = {str(k): tuple(int(d) for d in v) for k, v in (input_shapes or {}).items()}
+    model_s = os.fspath(model)
+    out_s = _check_target(model_s, output, soc, shapes, check_files)
+    fmt = _check_gear_choice(dynamic_batch, dynamic_image_size, dynamic_dims, input_format)
+    if dynamic_batch:
+        dynamic_batch = _batch_gears(dynamic_batch, shapes)
+    if dynamic_image_size:
+        dynamic_image_size = _image_gears(dynamic_image_size, shapes, fmt)
+    if dynamic_dims:
+        dynamic_dims, fmt = _dims_gears(dynamic_dims, shapes, fmt, insert_op_conf)
+    _check_modes(insert_op_conf, fmt, precision_mode, log, check_files)
+    keep_file = _keep_dtype_file(keep_dtype, workdir, check_files)
+
+    values: dict[str, Any] = {
+        "model": model_s, "framework": 5, "output": out_s, "soc": soc,
+        "input_shapes": shapes or None, "input_format": fmt,
+        "dynamic_batch": dynamic_batch or None, "dynamic_image_size": dynamic_image_size or None,
+        "dynamic_dims": dynamic_dims or None, "precision_mode": precision_mode,
+        "keep_dtype": keep_file, "insert_op_conf": insert_op_conf, "log": log,
+    }
+    argv = [os.fspath(atc)]
+    for key, flag in ATC_FLAGS.items():
+        if values[key] is not None:
+            argv.append(flag.render(values[key]))
+    argv += _extra_argv(extra_args, {_flag_name(a) for a in argv[1:]}, precision_mode, values)
+    gears_given = [g for g in _GEAR_OPTIONS if values[g]]
+    return shape_range_argv(argv, shape_ranges, gears_given)
+
+
+def _check_target(model_s: str, output: str | os.PathLike, soc: str, shapes: Mapping[str, tuple[int, ...]],
+                  check_files: bool) -> str:
+    """The SoC, model and output paths and the input shapes checked; the output path without ``.om``."""
     if not soc or not str(soc).strip():
         raise InputError("ATC needs a target SoC", hint="pass --soc, e.g. Ascend310P3")
-    model_s = os.fspath(model)
     out_s = _strip_om(os.fspath(output))
     if not out_s or out_s.endswith(os.sep):
         raise InputError(f"ATC output {os.fspath(output)!r} has no file name",
@@ -256,7 +287,11 @@ def build_atc_argv(model: str | os.PathLike, output: str | os.PathLike, *, soc: 
     for name, dims in shapes.items():
         if any(d < -1 for d in dims):
             raise InputError(f"input shape {name}:{dims} has a negative dimension other than -1")
+    return out_s
 
+
+def _check_gear_choice(dynamic_batch, dynamic_image_size, dynamic_dims, input_format: str | None) -> str | None:
+    """At most one kind of dynamic gears; the input format upper-cased and checked."""
     gear_values = {"dynamic_batch": dynamic_batch, "dynamic_image_size": dynamic_image_size,
                    "dynamic_dims": dynamic_dims}
     gears_given = [g for g in _GEAR_OPTIONS if gear_values[g]]
@@ -267,49 +302,62 @@ def build_atc_argv(model: str | os.PathLike, output: str | os.PathLike, *, soc: 
     if fmt is not None and fmt not in INPUT_FORMATS:
         raise InputError(f"input format {input_format!r} is not accepted by ATC for ONNX models",
                          hint=f"use one of {', '.join(INPUT_FORMATS)}")
+    return fmt
 
-    if dynamic_batch:
-        batches = _pos_ints("dynamic batch", dynamic_batch)
-        _check_gears("dynamic batch", batches)
-        if not shapes or not any(d and d[0] == -1 for d in shapes.values()):
-            raise InputError("dynamic batch needs -1 as the first dimension in --input-shape",
-                             hint="e.g. --input-shape x:-1,3,224,224 --dynamic-batch 1,2,4,8")
-        for name, dims in shapes.items():
-            if -1 in dims[1:]:
-                raise InputError(f"dynamic batch: input {name} has -1 beyond the batch dimension",
-                                 hint="only the first dimension can vary with --dynamic-batch")
-        dynamic_batch = batches
-    if dynamic_image_size:
-        pairs = [tuple(_pos_ints("dynamic image size", g)) for g in dynamic_image_size]
-        if any(len(p) != 2 for p in pairs):
-            raise InputError("dynamic image size gears must be (height, width) pairs")
-        _check_gears("dynamic image size", pairs)
-        if fmt not in (None, "NCHW"):
-            raise InputError("dynamic image size needs --input-format NCHW (or NHWC)")
-        if not shapes or not any(len(d) == 4 and d[2:] == (-1, -1) for d in shapes.values()):
-            raise InputError("dynamic image size needs -1,-1 for H and W in --input-shape",
-                             hint="e.g. --input-shape x:1,3,-1,-1")
-        dynamic_image_size = pairs
-    if dynamic_dims:
-        gears = [_pos_ints("dynamic dims", g) for g in dynamic_dims]
-        _check_gears("dynamic dims", gears)
-        if insert_op_conf is not None:
-            raise InputError("ATC does not support AIPP (--insert_op_conf) with dynamic dims",
-                             hint="use dynamic batch or fixed shapes with AIPP")
-        if fmt not in (None, "ND"):
-            raise InputError("dynamic dims needs --input-format ND",
-                             hint="drop --input-format or set it to ND")
-        fmt = "ND"
-        n_dyn = sum(d.count(-1) for d in shapes.values())
-        if n_dyn == 0:
-            raise InputError("dynamic dims needs -1 dimensions in --input-shape",
-                             hint="e.g. --input-shape ids:1,-1 --dynamic-dims 128;256")
-        for g in gears:
-            if len(g) != n_dyn:
-                raise InputError(f"dynamic dims gear {','.join(map(str, g))} has {len(g)} value(s); "
-                                 f"the input shapes have {n_dyn} -1 dimension(s)",
-                                 hint="give one value per -1, across all inputs in order")
-        dynamic_dims = gears
+
+def _batch_gears(dynamic_batch: Sequence[int], shapes: Mapping[str, tuple[int, ...]]) -> list[int]:
+    batches = _pos_ints("dynamic batch", dynamic_batch)
+    _check_gears("dynamic batch", batches)
+    if not shapes or not any(d and d[0] == -1 for d in shapes.values()):
+        raise InputError("dynamic batch needs -1 as the first dimension in --input-shape",
+                         hint="e.g. --input-shape x:-1,3,224,224 --dynamic-batch 1,2,4,8")
+    for name, dims in shapes.items():
+        if -1 in dims[1:]:
+            raise InputError(f"dynamic batch: input {name} has -1 beyond the batch dimension",
+                             hint="only the first dimension can vary with --dynamic-batch")
+    return batches
+
+
+def _image_gears(dynamic_image_size: Sequence[Sequence[int]], shapes: Mapping[str, tuple[int, ...]],
+                 fmt: str | None) -> list[tuple[int, ...]]:
+    pairs = [tuple(_pos_ints("dynamic image size", g)) for g in dynamic_image_size]
+    if any(len(p) != 2 for p in pairs):
+        raise InputError("dynamic image size gears must be (height, width) pairs")
+    _check_gears("dynamic image size", pairs)
+    if fmt not in (None, "NCHW"):
+        raise InputError("dynamic image size needs --input-format NCHW (or NHWC)")
+    if not shapes or not any(len(d) == 4 and d[2:] == (-1, -1) for d in shapes.values()):
+        raise InputError("dynamic image size needs -1,-1 for H and W in --input-shape",
+                         hint="e.g. --input-shape x:1,3,-1,-1")
+    return pairs
+
+
+def _dims_gears(dynamic_dims: Sequence[Sequence[int]], shapes: Mapping[str, tuple[int, ...]], fmt: str | None,
+                insert_op_conf) -> tuple[list, str]:
+    """The dynamic dims gears checked, and the input format they imply (ND)."""
+    gears = [_pos_ints("dynamic dims", g) for g in dynamic_dims]
+    _check_gears("dynamic dims", gears)
+    if insert_op_conf is not None:
+        raise InputError("ATC does not support AIPP (--insert_op_conf) with dynamic dims",
+                         hint="use dynamic batch or fixed shapes with AIPP")
+    if fmt not in (None, "ND"):
+        raise InputError("dynamic dims needs --input-format ND",
+                         hint="drop --input-format or set it to ND")
+    n_dyn = sum(d.count(-1) for d in shapes.values())
+    if n_dyn == 0:
+        raise InputError("dynamic dims needs -1 dimensions in --input-shape",
+                         hint="e.g. --input-shape ids:1,-1 --dynamic-dims 128;256")
+    for g in gears:
+        if len(g) != n_dyn:
+            raise InputError(f"dynamic dims gear {','.join(map(str, g))} has {len(g)} value(s); "
+                             f"the input shapes have {n_dyn} -1 dimension(s)",
+                             hint="give one value per -1, across all inputs in order")
+    return gears, "ND"
+
+
+def _check_modes(insert_op_conf, fmt: str | None, precision_mode: str | None, log: str | None,
+                 check_files: bool) -> None:
+    """AIPP's format and file, the precision mode and the log level."""
     if insert_op_conf is not None:
         if fmt not in (None, "NCHW"):
             raise InputError("AIPP (--insert_op_conf) needs --input-format NCHW or NHWC")
@@ -321,37 +369,34 @@ def build_atc_argv(model: str | os.PathLike, output: str | os.PathLike, *, soc: 
     if log is not None and log not in LOG_LEVELS:
         raise InputError(f"ATC log level {log!r} is invalid", hint=f"use one of {', '.join(LOG_LEVELS)}")
 
-    keep_file = None
-    if keep_dtype is not None:
-        if isinstance(keep_dtype, (str, os.PathLike)):
-            keep_file = os.fspath(keep_dtype)
-            if check_files and not os.path.isfile(keep_file):
-                raise InputError(f"keep_dtype file {keep_file} does not exist")
-        else:
-            names = [str(n) for n in keep_dtype]
-            for n in names:
-                if not n.strip() or "\n" in n or "\r" in n:
-                    raise InputError(f"keep_dtype entry {n!r} must be one op name or OpType::X "
-                                     f"on one line")
-            if names:
-                wd = os.fspath(workdir) if workdir is not None else _new_workdir()
-                keep_file = os.path.join(wd, "keep_dtype.cfg")
-                with open(keep_file, "w", encoding="utf-8") as f:
-                    f.write("\n".join(names) + "\n")
 
-    values: dict[str, Any] = {
-        "model": model_s, "framework": 5, "output": out_s, "soc": soc,
-        "input_shapes": shapes or None, "input_format": fmt,
-        "dynamic_batch": dynamic_batch or None, "dynamic_image_size": dynamic_image_size or None,
-        "dynamic_dims": dynamic_dims or None, "precision_mode": precision_mode,
-        "keep_dtype": keep_file, "insert_op_conf": insert_op_conf, "log": log,
-    }
-    argv = [os.fspath(atc)]
-    for key, flag in ATC_FLAGS.items():
-        if values[key] is not None:
-            argv.append(flag.render(values[key]))
+def _keep_dtype_file(keep_dtype, workdir, check_files: bool) -> str | None:
+    """The --keep_dtype file: the one given, or one written into ``workdir`` from op names."""
+    if keep_dtype is None:
+        return None
+    if isinstance(keep_dtype, (str, os.PathLike)):
+        keep_file = os.fspath(keep_dtype)
+        if check_files and not os.path.isfile(keep_file):
+            raise InputError(f"keep_dtype file {keep_file} does not exist")
+        return keep_file
+    names = [str(n) for n in keep_dtype]
+    for n in names:
+        if not n.strip() or "\n" in n or "\r" in n:
+            raise InputError(f"keep_dtype entry {n!r} must be one op name or OpType::X "
+                             f"on one line")
+    if not names:
+        return None
+    wd = os.fspath(workdir) if workdir is not None else _new_workdir()
+    keep_file = os.path.join(wd, "keep_dtype.cfg")
+    with open(keep_file, "w", encoding="utf-8") as f:
+        f.write("\n".join(names) + "\n")
+    return keep_file
 
-    ours = {_flag_name(a) for a in argv[1:]}
+
+def _extra_argv(extra_args: Sequence[str], ours: set[str], precision_mode: str | None,
+                values: Mapping[str, Any]) -> list[str]:
+    """The user's extra ATC flags, checked against the ones npu-deploy sets and ATC's exclusions."""
+    out = []
     for extra in extra_args:
         extra = str(extra)
         if not re.fullmatch(r"--[A-Za-z0-9_]+(=.*)?", extra, flags=re.S):
@@ -366,8 +411,8 @@ def build_atc_argv(model: str | os.PathLike, output: str | os.PathLike, *, soc: 
                              hint="give only one of them")
         if name in ("--input_shape_range",) and any(values[g] for g in _GEAR_OPTIONS):
             raise InputError("ATC rejects --input_shape_range together with dynamic gears")
-        argv.append(extra)
-    return argv
+        out.append(extra)
+    return out
 
 
 # ---------------------------------------------------------------------------------------------
@@ -824,3 +869,71 @@ def atc_convert(model: str | os.PathLike, output: str | os.PathLike, *, soc: str
         return run_atc(argv, timeout=timeout, on_line=on_line, on_tick=on_tick, log_dir=log_dir)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# Shape ranges: the spelling depends on the installed ATC
+
+#: since CANN 8.5 ranges go inside ``--input_shape`` (``x:1~4,3,224,224``); ``--input_shape_range``
+#: (``x:[1~4,3,224,224]``) is deprecated there, and the only spelling older ATC understands
+RANGE_IN_INPUT_SHAPE = (8, 5)
+
+
+def installed_version(atc: str | os.PathLike) -> tuple[int, ...] | None:
+    """The CANN version of an ATC install, from ``compiler/version.info`` (``Version=8.5.0``) beside
+    ``compiler/bin/atc`` (the path as given, then with links resolved), else under
+    ``$ASCEND_TOOLKIT_HOME``; None when no such file says."""
+    exe = Path(os.fspath(atc))
+    places = [exe.parent.parent / "version.info", exe.resolve().parent.parent / "version.info"]
+    home = os.environ.get("ASCEND_TOOLKIT_HOME")
+    if home:
+        places.append(Path(home) / "compiler" / "version.info")
+    for f in places:
+        try:
+            text = f.read_text(errors="replace")[:4096]
+        except OSError:
+            continue
+        m = re.search(r"^\s*Version\s*=\s*(\d+)\.(\d+)", text, flags=re.M | re.I)
+        if m:
+            return int(m.group(1)), int(m.group(2))
+    return None
+
+
+def shape_range_argv(argv: list[str], shape_ranges: Mapping[str, Sequence[Any]] | None,
+                     gears: Sequence[str] = ()) -> list[str]:
+    """``argv`` with ``shape_ranges`` (``{input: per-dim (low, high) or None}``) written the way the
+    installed ATC (``argv[0]``) expects: ``~`` inside ``--input_shape`` from CANN 8.5 on, else ``-1``
+    there plus ``--input_shape_range`` (also when the version cannot be read: every ATC with ranges
+    still accepts that spelling).
+
+    >>> shape_range_argv(["/nowhere/atc", "--input_shape=x:4,3,8,8"], {"x": ((1, 4), None, None, None)})
+    ['/nowhere/atc', '--input_shape=x:-1,3,8,8', '--input_shape_range=x:[1~4,3,8,8]']
+    """
+    if not shape_ranges:
+        return argv
+    if gears:
+        raise InputError(f"ATC rejects shape ranges together with dynamic gears ({', '.join(gears)})",
+                         hint="give ranges or gears, not both")
+    k = next((i for i, a in enumerate(argv) if a.startswith("--input_shape=")), None)
+    if k is None:
+        raise InputError("shape ranges need the input shapes (--input-shape)")
+    shapes: dict[str, list[str]] = {}
+    for item in argv[k].partition("=")[2].split(";"):
+        name, _, dims = item.rpartition(":")
+        shapes[name] = dims.split(",") if dims else []
+    ranged: dict[str, list[str]] = {}
+    for name, rng in shape_ranges.items():
+        if name not in shapes:
+            raise InputError(f"shape range for {name!r}, which has no --input-shape entry")
+        dims = shapes[name]
+        ranged[name] = [f"{r[0]}~{r[1]}" if r else d for d, r in zip(dims, rng)]
+        shapes[name] = ["-1" if r else d for d, r in zip(dims, rng)]
+    version = installed_version(argv[0])
+    out = list(argv)
+    if version is not None and version >= RANGE_IN_INPUT_SHAPE:
+        shapes.update(ranged)
+        out[k] = "--input_shape=" + ";".join(f"{n}:{','.join(d)}" for n, d in shapes.items())
+        return out
+    out[k] = "--input_shape=" + ";".join(f"{n}:{','.join(d)}" for n, d in shapes.items())
+    out.insert(k + 1, "--input_shape_range=" + ";".join(f"{n}:[{','.join(d)}]" for n, d in ranged.items()))
+    return out

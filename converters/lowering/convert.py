@@ -44,7 +44,7 @@ import onnx
 
 from npu_deploy import _io
 from npu_deploy._result import Result
-from npu_deploy.converters.lowering import pipeline
+from npu_deploy.converters.lowering import pipeline, ranges
 from npu_deploy.converters.lowering.options import ConvertOptions
 from npu_deploy.errors import DependencyError
 
@@ -117,7 +117,7 @@ def convert(model: str | os.PathLike, output: str | os.PathLike | None = None, *
             atc: str | os.PathLike | None = None,
             insert_op_conf: str | os.PathLike | None = None, out_nodes: str | None = None,
             output_type: str | None = None, atc_flags: Sequence[str] = (),
-            atc_log: str | None = None) -> ConvertResult:
+            atc_log: str | None = None, shape_ranges: Mapping[str, Sequence[Any]] | None = None) -> ConvertResult:
     """Convert an ONNX model for an Ascend SoC; return a :class:`ConvertResult`.
 
     ``output`` defaults to the model path with ``.bundle`` (built-in) or ``.om`` (ATC); for the bundle
@@ -139,7 +139,7 @@ def convert(model: str | os.PathLike, output: str | os.PathLike | None = None, *
                              atc_args=tuple(atc_args or ()), atc_flags=tuple(atc_flags or ()),
                              out_nodes=out_nodes, output_type=output_type, atc_log=atc_log, timeout=timeout,
                              insert_op_conf=None if insert_op_conf is None else str(insert_op_conf),
-                             atc=None if atc is None else str(atc))
+                             atc=None if atc is None else str(atc), shape_ranges=shape_ranges)
     with _io.outputs():  # a failure after the bundle/.om is written (e.g. the report) removes it again
         return _convert(Path(model), output, options, report=report, progress=progress)
 
@@ -166,6 +166,10 @@ def _convert(src: Path, output, o: ConvertOptions, *, report, progress) -> Conve
     if chosen == "atc":
         # ATC takes the graph's own layout for ONNX models: its gears are the model's
         dynamic = {"mode": loaded.dynamic_mode, "gears": [{k: list(v) for k, v in g.items()} for g in loaded.gears]}
+        if o.shape_ranges:
+            dynamic = {"mode": "range", "gears": [], "ranges": {n: [list(r) if r else d for d, r in
+                                                                zip(o.input_shapes[n], rng)]
+                                                            for n, rng in o.shape_ranges.items()}}
         atc_d, om_path = _run_atc(loaded, out, o, atc_exe=atc_exe, say=say)
         _io.adopt(om_path)
         result = ConvertResult(str(src), om_path, "atc", reason, o.soc, o.precision, dynamic, support_d, None,
@@ -173,7 +177,10 @@ def _convert(src: Path, output, o: ConvertOptions, *, report, progress) -> Conve
     else:
         with _aipp_prepended(ctx, src, o, say) as ctx:
             ctx.output = out
-            pipeline.run_steps([pipeline.STEPS["plan from ONNX"], pipeline.STEPS["bundle from plan"]], ctx, say)
+            if o.shape_ranges:  # planned at both ends of the range (converters.lowering.ranges)
+                ranges.plan_for_range(ctx, say)
+            steps = [] if o.shape_ranges else [pipeline.STEPS["plan from ONNX"]]
+            pipeline.run_steps(steps + [pipeline.STEPS["bundle from plan"]], ctx, say)
         p = ctx.plan
         result = ConvertResult(str(src), str(out), "builtin", reason, o.soc, o.precision, p.dynamic, support_d,
                                p.report.to_dict(), None, time.perf_counter() - t0, notes)
@@ -232,6 +239,8 @@ def _run_atc(loaded, out: Path, o: ConvertOptions, *, atc_exe, say) -> tuple[dic
         kwargs["keep_dtype"] = list(o.keep_dtype)
     if o.insert_op_conf is not None:
         kwargs["insert_op_conf"] = o.insert_op_conf
+    if o.shape_ranges:
+        kwargs["shape_ranges"] = o.shape_ranges
     if loaded.dynamic_mode == "batch":
         kwargs["dynamic_batch"] = [g[next(iter(g))][0] for g in loaded.gears] if o.dynamic_batch is None \
             else list(o.dynamic_batch)

@@ -116,6 +116,18 @@ class SocProfile:
     aicpu_bandwidth_gbps: float
     aicpu_launch_us: float
     sources: dict = dataclasses.field(default_factory=dict, compare=False)
+    #: kernel launch overhead per msprof engine (AI_CORE, AI_VECTOR_CORE, MIX_AIC, MIX_AIV); others use
+    #: ``launch_us``
+    launch_us_by_engine: dict = dataclasses.field(default_factory=dict)
+    #: TransData efficiency (of ``bandwidth_gbps``) per ``"SRC->DST"`` or ``"SRC->DST/dtype"`` pair; the
+    #: most specific key wins, then ``transdata_efficiency``. Values up to 3: operands that a producer has
+    #: just written are read from L2 faster than HBM peak (seen on the 910B captures)
+    transdata_efficiency_by_pair: dict = dataclasses.field(default_factory=dict)
+    #: cube efficiency per compute dtype name (float32, float16, bfloat16, int8); else ``cube_efficiency``
+    cube_efficiency_by_dtype: dict = dataclasses.field(default_factory=dict)
+    #: where the figures come from: {"calibrated": bool, "captures": [...], "median_op_error_pct": x,
+    #: "summary": "..."}; ``accuracy_note`` prints it beside every estimate
+    calibration: dict = dataclasses.field(default_factory=dict, compare=False)
 
     _RATES: ClassVar[tuple[str, ...]] = (
         "fp16_tflops", "int8_tops", "fp32_tflops", "vector_fp16_tflops", "bandwidth_gbps",
@@ -138,6 +150,23 @@ class SocProfile:
             v = getattr(self, f)
             if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
                 raise InputError(f"SoC profile {self.name!r}: {f} = {v!r} must be >= 0 µs")
+        _check_map(self.name, "launch_us_by_engine", self.launch_us_by_engine, 0.0, 200.0,
+                   key_ok=lambda k: k in LAUNCH_ENGINES or (k.startswith("TransData:") and "->" in k))
+        _check_map(self.name, "transdata_efficiency_by_pair", self.transdata_efficiency_by_pair, 0.0, 3.0,
+                   key_ok=lambda k: "->" in k)
+        _check_map(self.name, "cube_efficiency_by_dtype", self.cube_efficiency_by_dtype, 0.0, 1.0,
+                   key_ok=lambda k: k.rsplit("/", 1)[-1] in ("float32", "float16", "bfloat16", "int8", "hf32")
+                   and (k.count("/") == 0 or k.split("/")[0] in ("Conv", "MatMul")))
+        if not isinstance(self.calibration, dict):
+            raise InputError(f"SoC profile {self.name!r}: calibration must be an object")
+        for k in self.calibration:
+            if k not in _CALIBRATION_KEYS:
+                raise InputError(f"SoC profile {self.name!r}: unknown field calibration.{k}",
+                                 hint=f"known: {', '.join(_CALIBRATION_KEYS)}")
+        err = self.calibration.get("median_op_error_pct")
+        if err is not None and not (isinstance(err, (int, float)) and math.isfinite(err) and 0 <= err <= 1000):
+            raise InputError(f"SoC profile {self.name!r}: calibration.median_op_error_pct = {err!r} "
+                             f"must be a percentage >= 0")
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -168,6 +197,37 @@ class SocProfile:
                 base[f] = float(base[f])
         return cls(**base)
 
+    def launch_for(self, engine: str | None) -> float:
+        """Launch overhead of a kernel on an msprof engine (``AI_CORE``, ``AI_VECTOR_CORE``, ``MIX_AIC``…)."""
+        return float(self.launch_us_by_engine.get(engine or "", self.launch_us))
+
+    def transdata_launch(self, src: str, dst: str, engine: str | None = "AI_VECTOR_CORE") -> float:
+        """Fixed cost of one TransData of a format pair (its own launch key, else the engine's)."""
+        hit = self.launch_us_by_engine.get(f"TransData:{src}->{dst}")
+        return float(hit) if hit is not None else self.launch_for(engine)
+
+    def transdata_eff(self, src: str, dst: str, dtype: Any = None) -> float:
+        """TransData efficiency for one format pair (and dtype), falling back to the pair, then the default."""
+        pair = f"{src}->{dst}"
+        if dtype is not None:
+            hit = self.transdata_efficiency_by_pair.get(f"{pair}/{_dtype_name(dtype)}")
+            if hit is not None:
+                return float(hit)
+        return float(self.transdata_efficiency_by_pair.get(pair, self.transdata_efficiency))
+
+    def cube_eff(self, dtype: Any, op_class: str | None = None) -> float:
+        """Cube efficiency for a dtype, optionally per op class (``"Conv/float32"``, ``"MatMul/bfloat16"``)."""
+        name = _dtype_name(dtype)
+        if op_class:
+            hit = self.cube_efficiency_by_dtype.get(f"{op_class}/{name}")
+            if hit is not None:
+                return float(hit)
+        return float(self.cube_efficiency_by_dtype.get(name, self.cube_efficiency))
+
+    @property
+    def calibrated(self) -> bool:
+        return bool(self.calibration.get("calibrated"))
+
     def cube_peak_flops(self, dtype: Any) -> float:
         """Peak cube operations per second for a compute dtype."""
         name = _dtype_name(dtype)
@@ -185,6 +245,27 @@ class SocProfile:
 
 
 _A = "assumption: "
+#: the per-key parameter tables of a SocProfile (sources are named "table.key")
+_TABLES = ("launch_us_by_engine", "transdata_efficiency_by_pair", "cube_efficiency_by_dtype")
+LAUNCH_ENGINES = ("AI_CORE", "AI_VECTOR_CORE", "MIX_AIC", "MIX_AIV")
+_CALIBRATION_KEYS = ("calibrated", "captures", "median_op_error_pct", "summary", "per_type",
+                     "leave_one_out_median_pct", "fitted")
+
+
+def _check_map(name: str, field: str, d: Any, lo: float, hi: float, *, keys: Sequence[str] | None = None,
+               key_ok=None) -> None:
+    """A per-key parameter table: known keys, every value a finite number in (lo, hi]."""
+    if not isinstance(d, dict):
+        raise InputError(f"SoC profile {name!r}: {field} must be an object of numbers")
+    for k, v in d.items():
+        if (keys is not None and k not in keys) or (key_ok is not None and not key_ok(str(k))):
+            raise InputError(f"SoC profile {name!r}: unknown key {field}.{k}",
+                             hint=f"known: {', '.join(keys)}" if keys else
+                             "keys look like 'NCHW->NC1HWC0' (TransData pairs), 'AI_CORE' or "
+                             "'TransData:NCHW->NC1HWC0' (launch)")
+        if isinstance(v, bool) or not (isinstance(v, (int, float)) and math.isfinite(v) and lo < v <= hi) \
+                and not (lo == 0.0 and field == "launch_us_by_engine" and v == 0):
+            raise InputError(f"SoC profile {name!r}: {field}.{k} = {v!r} is out of range ({lo:g}, {hi:g}]")
 
 SOC_PROFILES: dict[str, SocProfile] = {
     "Ascend310P3": SocProfile(
@@ -237,8 +318,153 @@ SOC_PROFILES: dict[str, SocProfile] = {
         }),
 }
 
-# SoC family prefixes that share a profile (assumption: same silicon, different bins/packaging).
-_FAMILIES = {"Ascend310P": "Ascend310P3", "Ascend910B": "Ascend910B"}
+
+
+def _load_calibration(name: str) -> dict | None:
+    """The fitted parameters of a built-in profile (``data/soc_calibration_<name>.json``, written by
+    ``benchmarks/bench_cost.py --write`` from the shared captures), or None."""
+    from importlib import resources
+
+    try:
+        text = resources.files("npu_deploy.converters.lowering").joinpath(
+            f"data/soc_calibration_{name}.json").read_text("utf-8")
+    except (FileNotFoundError, OSError):
+        return None
+    return json.loads(text)
+
+
+def _calibrated(p: SocProfile, calib: dict | None) -> SocProfile:
+    if not calib:
+        return p
+    fields = {k: v for k, v in calib.items() if k not in ("name", "base", "sources")}
+    sources = dict(p.sources)
+    sources.update(calib.get("sources") or {})
+    return dataclasses.replace(p, **fields, sources=sources)
+
+
+SOC_PROFILES["Ascend910B"] = _calibrated(SOC_PROFILES["Ascend910B"], _load_calibration("Ascend910B"))
+
+
+def _derived(name: str, peaks: dict, peak_sources: dict, efficiencies_from: str = "Ascend910B") -> SocProfile:
+    """A profile from datasheet peaks plus the (fitted) efficiencies and launch costs of another SoC,
+    labelled not calibrated: no capture of this SoC exists here."""
+    ref = SOC_PROFILES[efficiencies_from]
+    keep = {k: getattr(ref, k) for k in ("launch_us", "cube_efficiency", "vector_efficiency", "bw_efficiency",
+                                          "transdata_efficiency", "nd_load_efficiency", "aicpu_gflops",
+                                          "aicpu_bandwidth_gbps", "aicpu_launch_us")}
+    # the AI CPU copies through the same memory: never faster than a quarter of it (assumption)
+    keep["aicpu_bandwidth_gbps"] = min(ref.aicpu_bandwidth_gbps, 0.25 * peaks["bandwidth_gbps"])
+    ratio = peaks["fp16_tflops"] / ref.fp16_tflops
+    peaks = dict(peaks)
+    peaks.setdefault("fp32_tflops", ref.fp32_tflops * ratio)
+    srcs = {k: f"not calibrated: {efficiencies_from}'s value ({ref.sources.get(k, 'assumption')})" for k in keep}
+    for table in _TABLES:
+        for k in getattr(ref, table):
+            srcs[f"{table}.{k}"] = f"not calibrated: {efficiencies_from}'s value ({ref.sources.get(f'{table}.{k}', 'assumption')})"
+    srcs.update(peak_sources)
+    srcs.setdefault("fp32_tflops", _A + f"{efficiencies_from}'s fp32 cube rate scaled by the FP16 peak ratio")
+    return SocProfile(name=name, **peaks, **keep, sources=srcs,
+                      launch_us_by_engine=dict(ref.launch_us_by_engine),
+                      transdata_efficiency_by_pair=dict(ref.transdata_efficiency_by_pair),
+                      cube_efficiency_by_dtype=dict(ref.cube_efficiency_by_dtype),
+                      calibration={"calibrated": False,
+                                   "summary": f"datasheet peaks; efficiencies and launch costs of "
+                                              f"{efficiencies_from}; no {name} capture"})
+
+
+SOC_PROFILES["Ascend310"] = _derived("Ascend310", dict(
+    fp16_tflops=8.0, int8_tops=16.0, vector_fp16_tflops=0.25, bandwidth_gbps=25.6), {
+    "fp16_tflops": "Ascend 310 published figure (8 TFLOPS FP16)",
+    "int8_tops": "Ascend 310 published figure (16 TOPS INT8)",
+    "vector_fp16_tflops": _A + "2 AI Cores x 128 fp16 lanes x ~1 GHz",
+    "bandwidth_gbps": _A + "LPDDR4X, 2 x 64-bit channels at 3200 MT/s (25.6 GB/s)"})
+SOC_PROFILES["Ascend310B"] = _derived("Ascend310B", dict(
+    fp16_tflops=10.0, int8_tops=20.0, vector_fp16_tflops=0.3, bandwidth_gbps=51.2), {
+    "fp16_tflops": _A + "half the INT8 rate",
+    "int8_tops": "Atlas 200I A2 (Ascend 310B) published figure, 20 TOPS INT8",
+    "vector_fp16_tflops": _A + "the 310P3 vector rate scaled by its AI Core count",
+    "bandwidth_gbps": _A + "LPDDR4X 51.2 GB/s"})
+SOC_PROFILES["Ascend910"] = _derived("Ascend910", dict(
+    fp16_tflops=256.0, int8_tops=512.0, vector_fp16_tflops=8.0, bandwidth_gbps=1200.0), {
+    "fp16_tflops": "Ascend 910 published figure (256 TFLOPS FP16)",
+    "int8_tops": "Ascend 910 published figure (512 TOPS INT8)",
+    "vector_fp16_tflops": _A + "32 AI Cores x 128 fp16 lanes x ~2 GHz",
+    "bandwidth_gbps": _A + "4 HBM2 stacks, ~1.2 TB/s"})
+SOC_PROFILES["Ascend910_93"] = _derived("Ascend910_93", {
+    k: getattr(SOC_PROFILES["Ascend910B"], k) for k in ("fp16_tflops", "int8_tops", "fp32_tflops",
+                                                         "vector_fp16_tflops", "bandwidth_gbps")}, {
+    "fp16_tflops": _A + "per die the same as Ascend910B (Atlas A3 pairs two such dies; one device here)",
+    "int8_tops": _A + "as Ascend910B", "fp32_tflops": _A + "as Ascend910B",
+    "vector_fp16_tflops": _A + "as Ascend910B", "bandwidth_gbps": _A + "as Ascend910B, per die"})
+SOC_PROFILES["Ascend310P3"] = dataclasses.replace(
+    SOC_PROFILES["Ascend310P3"], calibration={"calibrated": False,
+                                              "summary": "datasheet peaks and assumed efficiencies; no 310P3 capture"})
+
+# SoC family prefixes that share a profile (assumption: same silicon, different bins/packaging). Order
+# matters: the longest prefix of a family comes first.
+_FAMILIES = {"Ascend310P": "Ascend310P3", "Ascend310B": "Ascend310B", "Ascend910B": "Ascend910B",
+             "Ascend910_93": "Ascend910_93", "Ascend310": "Ascend310", "Ascend910": "Ascend910"}
+
+
+def cann_type(op_type: str, opset: int = 17) -> str:
+    """The CANN kernel type msprof would name for an ONNX op (Conv -> Conv2D, MatMul -> MatMulV2 …),
+    from the ONNX -> CANN registrations of the op-support data; the ONNX name when it has none.
+
+    >>> cann_type("Conv"), cann_type("NoSuchOp")
+    ('Conv2D', 'NoSuchOp')
+    """
+    from npu_deploy.converters.lowering import support
+
+    try:
+        found = support._lookup("ai.onnx", int(opset), op_type)
+    except Exception:  # the support data is optional for naming: keep the ONNX name
+        found = None
+    if not found:
+        return op_type
+    return support._primary(op_type, found[0], found[1]) or op_type
+
+
+def estimated_profile_soc(path: "str | os.PathLike | None") -> str | None:
+    """The SoC an emulator-written (estimated) profile was priced for: its README.txt says
+    "... estimate from npu-deploy's cost model for <SoC>". None when not found."""
+    import re
+    from pathlib import Path
+
+    if path is None:
+        return None
+    root = Path(path)
+    for readme in [*(root.rglob("README.txt") if root.is_dir() else []), root.parent / "README.txt"][:50]:
+        try:
+            if readme.is_file() and readme.stat().st_size < 65536:
+                m = re.search(r"cost model for (\S+)", readme.read_text("utf-8", errors="replace"))
+                if m and m.group(1) != "unknown":
+                    return m.group(1).rstrip(".,;")
+        except OSError:
+            continue
+    return None
+
+
+def accuracy_note(soc: "str | SocProfile | os.PathLike | None") -> str:
+    """How good the cost model is for ``soc``, to print beside every estimate.
+
+    >>> accuracy_note("Ascend310P3")
+    'cost model not calibrated for Ascend310P3: datasheet figures and assumed efficiencies'
+    """
+    try:
+        p = get_soc_profile(soc) if soc is not None else None
+    except InputError:
+        p = None
+    label = soc if isinstance(soc, str) and not soc.lower().endswith(".json") else (
+        p.name if p is not None else str(soc))
+    if p is None or not p.calibrated:
+        return f"cost model not calibrated for {label}: datasheet figures and assumed efficiencies"
+    err = p.calibration.get("median_op_error_pct")
+    caps = p.calibration.get("captures") or []
+    td = (p.calibration.get("per_type") or {}).get("TransData")
+    where = f"{len(caps)} real {p.name} captures" if len(caps) > 1 else f"real {p.name} captures"
+    extra = f", TransData {td:.0f} %" if isinstance(td, (int, float)) else ""
+    return (f"cost model: median op error {err:.0f} %{extra} on {where}" if isinstance(err, (int, float))
+            else f"cost model calibrated on {where}")
 
 
 def get_soc_profile(soc: "str | SocProfile | os.PathLike") -> SocProfile:
@@ -540,7 +766,7 @@ def op_time_us(work: OpWork, soc: "str | SocProfile", dtype: Any = "float16",
 
 
 def transdata_time_us(nbytes: int, src_format: str, dst_format: str, soc: "str | SocProfile",
-                      dst_nbytes: int | None = None) -> float:
+                      dst_nbytes: int | None = None, dtype: Any = None) -> float:
     """Estimated time of one TransData (layout conversion) on AI Core, in µs.
 
     ``nbytes`` is the stored size of the source, ``dst_nbytes`` of the result (padding to C0 or 16
@@ -554,7 +780,8 @@ def transdata_time_us(nbytes: int, src_format: str, dst_format: str, soc: "str |
     if nbytes < 0 or (dst_nbytes is not None and dst_nbytes < 0):
         raise InputError(f"cost model: TransData {src_format}->{dst_format} with negative size")
     moved = nbytes + (nbytes if dst_nbytes is None else dst_nbytes)
-    return p.launch_us + 1e6 * moved / (p.bandwidth_gbps * 1e9 * p.transdata_efficiency)
+    return (p.transdata_launch(src_format, dst_format)
+            + 1e6 * moved / (p.bandwidth_gbps * 1e9 * p.transdata_eff(src_format, dst_format, dtype)))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Mapping, Sequence
 
+from npu_deploy.converters.files.onnx_model import split_ranges
 from npu_deploy.converters.lowering import atc as atcmod
 from npu_deploy.converters.lowering import planner
 from npu_deploy.errors import InputError
@@ -77,9 +78,14 @@ class ConvertOptions:
     timeout: float | None = None
     insert_op_conf: str | None = None
     atc: str | None = None
+    #: ``{input: per-dim (low, high) or None}``: ranges given in ``input_shapes`` (``"1~4"``, ATC >= 8.5)
+    #: or ATC's older ``--input_shape_range``; ``input_shapes`` then holds the largest shape of each
+    shape_ranges: Mapping[str, tuple] | None = None
 
     def __post_init__(self) -> None:
         from npu_deploy.converters.lowering.support import soc_family
+
+        _split_ranges(self)
 
         object.__setattr__(self, "soc", self.soc or DEFAULT_SOC)
         object.__setattr__(self, "keep_dtype", tuple(self.keep_dtype or ()))
@@ -150,3 +156,29 @@ def _atc_flag_note(arg: str) -> str:
     name = str(arg).partition("=")[0]
     what = ATC_ONLY_FLAGS.get(name)
     return f"{name} ({what})" if what else name
+
+
+def _split_ranges(o: ConvertOptions) -> None:
+    """Move ranges out of ``input_shapes`` into ``shape_ranges``; each ranged dim of ``input_shapes``
+    becomes its largest value (its lowest when unbounded), the shape the model is loaded and checked at."""
+    shapes, ranges = split_ranges(o.input_shapes)
+    ranges = {**ranges, **{n: tuple(r) for n, r in (o.shape_ranges or {}).items()}}
+    if not ranges:
+        return
+    if o.dynamic_batch or o.dynamic_dims:
+        raise InputError("shape ranges (LOW~HIGH) cannot be combined with gears (--dynamic-batch / --dynamic-dims)",
+                         hint="ATC accepts one of the two; choose ranges or gears")
+    shapes = dict(shapes or {})
+    for name, rng in ranges.items():
+        if name not in shapes:
+            raise InputError(f"--input_shape_range names input {name!r}, which --input-shape does not give",
+                             hint=f'give its shape too, e.g. --input-shape "{name}:1~4,3,224,224"')
+        dims = list(shapes[name])
+        if len(rng) != len(dims):
+            raise InputError(f"input {name!r}: the range has {len(rng)} dims, the shape {len(dims)}")
+        for k, r in enumerate(rng):
+            if r is not None:
+                dims[k] = r[1] if r[1] != -1 else r[0]
+        shapes[name] = tuple(dims)
+    object.__setattr__(o, "input_shapes", shapes)
+    object.__setattr__(o, "shape_ranges", {n: tuple(r) for n, r in ranges.items()})

@@ -1746,14 +1746,14 @@ def plan(loaded, *, soc: str = "Ascend310P3", precision_mode: str | None = None,
         node_formats.update(_node_formats(b.state, []))
 
     mem = _memory_plan(state, transdata, memory)  # the top-level graph's (bodies: sized at run time)
-    cost = _cost(state, transdata, naive, soc)
+    fused = fusion.fused_tensors(loaded.model.graph, {k: v.to_manifest() for k, v in node_formats.items()},
+                                 [t.to_manifest() for t in transdata], set(loaded.constants))
+    cost = _cost(state, transdata, naive, soc, set(fused))
     transdata = transdata + [td for b in bodies for td in b.transdata]
     naive = naive + [td for b in bodies for td in b.naive]
     for k, td in enumerate(transdata):
         td.name = f"trans_TransData_{k}"
     report = _report(loaded, state, soc, precision_mode, support, naive, transdata, weights, mem, cost)
-    fused = fusion.fused_tensors(loaded.model.graph, {k: v.to_manifest() for k, v in node_formats.items()},
-                                 [t.to_manifest() for t in transdata], set(loaded.constants))
     tensors = _tensor_plans(state, tensor_formats, tensor_dtypes)
     inputs, outputs = _transfers(state, tensor_dtypes)
     dynamic = {"mode": loaded.dynamic_mode, "gears": _host_gears(loaded, state.host_formats)}
@@ -1915,7 +1915,8 @@ def _memory_plan(state: PlanState, transdata: list[TransData], memory) -> Any:
     return memory.plan_memory(tensors)  # validated there: alignment, no overlap of live tensors
 
 
-def _cost(state: PlanState, transdata: list[TransData], naive: list[TransData], soc: str) -> Any:
+def _cost(state: PlanState, transdata: list[TransData], naive: list[TransData], soc: str,
+          fused: set[str] = frozenset()) -> Any:
     """The estimate of the top-level graph plus its bodies: an If counts its costlier branch, a
     Loop/Scan body one iteration (trip counts are run-time values)."""
     from npu_deploy.converters.lowering import cost as costmod
@@ -1925,17 +1926,17 @@ def _cost(state: PlanState, transdata: list[TransData], naive: list[TransData], 
     except InputError:
         return None
     state.not_estimated = []
-    ops, tds = _cost_items(state, transdata, naive, soc, costmod)
+    ops, tds = _cost_items(state, transdata, naive, soc, costmod, fused)
     return costmod.estimate(ops, tds, soc)
 
 
 def _cost_items(state: PlanState, transdata: list[TransData], naive: list[TransData], soc: str,
-                costmod) -> tuple[list, list]:
+                costmod, fused: set[str] = frozenset()) -> tuple[list, list]:
     dtypes = {t: state.device_dtype(t) for t in state.dtypes}
     ops = []
     for n in state.nodes:
-        if n.folded:
-            continue
+        if n.folded or any(t in fused for t in n.node.input):
+            continue  # folded at conversion, or an elementwise op fused into its producer's kernel
         try:
             work = costmod.op_work(n.node, state.shapes, dtypes)
         except Exception:  # shapes the cost model cannot read: left out of the estimate, and said so

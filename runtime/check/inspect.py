@@ -571,7 +571,8 @@ def _inspect_bundle(path: Path, *, ops: bool, layers: bool, verify: bool) -> Ins
         "soc": _get(m, "soc", str), "precision_mode": _get(m, "precision_mode", str),
         "producer": _get(m, "producer", str), "producer_version": _get(m, "producer_version", str),
         "source_model": _plain(m.get("source_model")),
-        "dynamic": {"mode": _get(dyn, "mode", str), "gears": _plain(_get(dyn, "gears", list, []))},
+        "dynamic": {"mode": _get(dyn, "mode", str), "gears": _plain(_get(dyn, "gears", list, [])),
+                    **({"ranges": _plain(dyn["ranges"])} if isinstance(dyn.get("ranges"), Mapping) else {})},
         "memory": _plain(mem),
         "transdata_naive_count": naive,
         "formattrans_share": float(share) if share is not None and math.isfinite(share) else None,
@@ -746,6 +747,13 @@ def _dynamic_text(dyn: Mapping[str, Any]) -> str:
             parts.append(("x" if mode == "hw" else ",").join(str(x) for x in g))
         else:
             parts.append(str(g))
+    ranges = dyn.get("ranges") if isinstance(dyn.get("ranges"), Mapping) else {}
+    for name, rng in ranges.items():  # shape ranges: input -> per-dim [low, high] or its size
+        if isinstance(rng, list):
+            parts.append(f"{name}:" + ",".join(f"{r[0]}~{r[1]}" if isinstance(r, list) and len(r) == 2 else str(r)
+                                               for r in rng))
+    if ranges:
+        return f"{mode}: " + "; ".join(parts)
     return f"{mode}" + (f", {len(parts)} gears: " + "; ".join(parts) if parts else "")
 
 

@@ -77,7 +77,7 @@ def test_run_profile_folder(run_cli, bundle, tmp_path):
     assert str(prof) in out and "estimated" in out
     (summary,) = prof.glob("mindstudio_profiler_output/op_summary_*.csv")
     rows = list(csv.DictReader(open(summary, newline="")))
-    assert [r["OP Type"] for r in rows] == ["TransData", "Conv", "Relu"] * 2
+    assert [r["OP Type"] for r in rows] == ["TransData", "Conv2D", "Relu"] * 2   # CANN types
 
 
 def test_dynamic_batch_aliases(run_cli, dyn_bundle, tmp_path):

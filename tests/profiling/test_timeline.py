@@ -184,6 +184,73 @@ def test_events_out_of_time_order_are_sorted_per_stream(tmp_path):
     assert (i.prev_op, i.next_op) == ("MatMul_1", "MatMul_2")
 
 
+def _shuffled_capture(n: int, seed: int = 3) -> list:
+    """A device stream of n kernels (a TransData between MatMuls every 4th) in random file order, plus a
+    host thread going back in time."""
+    import random
+
+    ev = [_meta(1, "process_name", "Ascend Hardware"), _meta(2, "process_name", "Python")]
+    for k in range(n):
+        name = "trans_TransData_%d" % k if k % 4 == 2 else "MatMul_%d" % k
+        ev.append(_x(1, 5, name, 100.0 + 20.0 * k, 5.0 + k % 7, "AI_VECTOR_CORE" if k % 4 == 2 else "AI_CORE"))
+        ev.append(_x(2, 2, "aten::mm", 5000.0 - k, 1.0))
+    body = ev[2:]
+    random.Random(seed).shuffle(body)
+    return ev[:2] + body
+
+
+def test_host_threads_out_of_time_order_do_not_make_the_device_sorted(tmp_path):
+    """A torch_npu timeline's host cpu_op thread goes back in time (the real mstt fixture does); only the
+    device's threads are read, so only theirs decide whether the events must be sorted."""
+    ev = [_meta(1, "process_name", "Ascend Hardware"), _meta(2, "process_name", "Python"),
+          _x(2, 2, "aten::mm", 300.0, 1.0), _x(2, 2, "aten::add", 100.0, 1.0),
+          _x(1, 5, "MatMul_1", 100.0, 10.0, "AI_CORE"), _x(1, 5, "MatMul_2", 300.0, 10.0, "AI_CORE")]
+    p = tmp_path / "trace_view.json"
+    p.write_text(json.dumps(ev))
+    assert TraceOpStream(p)._scan(device_only=True)[3] is True
+    assert TraceOpStream(p)._scan()[3] is False           # every thread counts where threads are the key
+    ev[4], ev[5] = ev[5], ev[4]                            # now the device goes back in time
+    p.write_text(json.dumps(ev))
+    assert TraceOpStream(p)._scan(device_only=True)[3] is False
+
+
+@pytest.mark.shared_data
+def test_real_torch_npu_timeline_is_read_in_file_order():
+    from tests.conftest import PROFILES
+
+    s = TraceOpStream(PROFILES / "mstt_fixtures" / "trace_view.json")
+    assert s._scan(device_only=True)[3] is True   # its host threads are out of order, its device is not
+
+
+def test_a_sort_spilled_to_disk_gives_the_report_of_the_sort_in_memory(tmp_path, monkeypatch):
+    from npu_deploy.profiling import parse
+
+    p = tmp_path / "trace_view.json"
+    p.write_text(json.dumps(_shuffled_capture(400)))
+    whole = analyze_profile(p).to_dict()
+    runs = []
+    real = parse._external_sort
+    monkeypatch.setattr(parse, "_external_sort", lambda recs, run=None: real(recs, run=7) if not runs.append(1) else None)
+    spilled = analyze_profile(p).to_dict()
+    assert runs, "the timeline was not sorted"
+    assert spilled == whole
+    (k,) = [k for k in analyze_profile(p).conversions if k.category == "format"]
+    assert k.count == 100 and all(i.prev_op.startswith("MatMul") and i.next_op.startswith("MatMul") for i in k.top)
+
+
+def test_external_sort_against_sorted():
+    import random
+
+    from npu_deploy.profiling.parse import _external_sort
+
+    rnd = random.Random(1)
+    recs = [(str(rnd.randrange(3)), "5", rnd.random(), i, 1, 5, 2.5, "op", "AI_CORE", 5, "\x00absent")
+            for i in range(1000)]
+    for run in (1, 7, 999, 1000, 5000):
+        assert list(_external_sort(iter(recs), run=run)) == sorted(recs, key=lambda r: r[:4])
+    assert list(_external_sort(iter([]), run=3)) == []
+
+
 def test_huge_duration_integer_is_a_skipped_row_not_a_crash(tmp_path, run_cli):
     # a 400-digit integer `dur`: float() of it overflows
     text = ('[{"ph":"M","name":"process_name","pid":1,"args":{"name":"Ascend Hardware"}},'

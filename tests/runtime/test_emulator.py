@@ -159,7 +159,7 @@ def test_estimated_profile(conv_bundle, tmp_path):
         rows = list(csv.reader(f))
     assert rows[0] == OP_SUMMARY_HEADER
     body = [dict(zip(rows[0], r)) for r in rows[1:]]
-    assert [r["OP Type"] for r in body] == ["TransData", "Conv", "Relu"] * 3
+    assert [r["OP Type"] for r in body] == ["TransData", "Conv2D", "Relu"] * 3   # CANN types, as msprof names them
     td = body[0]
     assert (td["Input Formats"], td["Output Formats"]) == ("NCHW", "NC1HWC0")
     assert (td["Input Shapes"], td["Output Shapes"]) == ('"1,3,6,6"', '"1,1,6,6,16"')
@@ -171,7 +171,7 @@ def test_estimated_profile(conv_bundle, tmp_path):
     assert starts[1] == pytest.approx(starts[0] + 11.5) and starts[2] == pytest.approx(starts[1] + 20.0)
     (stat,) = out.glob("op_statistic_*.csv")
     stats = {r["OP Type"]: r for r in csv.DictReader(open(stat, newline=""))}
-    assert int(stats["Conv"]["Count"]) == 3
+    assert int(stats["Conv2D"]["Count"]) == 3
     assert float(stats["TransData"]["Ratio(%)"]) == pytest.approx(100 * 11.5 / 34.5, abs=1e-3)
     assert not list(prof.glob(".*.part"))
 
@@ -306,7 +306,7 @@ def test_profile_places_each_transdata_between_producer_and_first_consumer(tmp_p
         if consumers:
             first = min(consumers, key=graph_order.index)
             assert pos < names.index(first), (td["name"], first, names)
-            multi += len(consumers) > 1
+            multi += len(td.get("consumers") or []) > 1   # (a consumer fused into its producer has no row)
     assert multi >= 1  # the case that used to be misplaced is present
 
 

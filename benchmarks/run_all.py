@@ -1,0 +1,76 @@
+"""Run the benchmarks whose figures the READMEs quote, as one command, and fail loudly when a figure is off.
+
+    python benchmarks/run_all.py --quick            # the quick modes (a few minutes on 2 cores)
+    python benchmarks/run_all.py --quick --write    # ... and rewrite the READMEs they own
+    python benchmarks/run_all.py                    # the full runs
+
+Each benchmark runs in its own process (one after the other: they would disturb each other's
+timings) with this interpreter; its output streams through. Before and after, the host line of
+:mod:`_host` (CPU model, cores, caches, load averages, the "quiet?" verdict) is printed, so the
+figures above it carry the conditions they were measured under. A benchmark checks its own figures
+against its targets and the values its README documents (within their noise) and exits 1 when one
+is off; this script then exits 1 too and names it. Only benchmarks with a quick mode take part in
+``--quick`` (for now ``bench_formats.py``); the others are listed as skipped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+if str(HERE) not in sys.path:
+    sys.path.insert(0, str(HERE))
+import _host  # noqa: E402
+
+# name -> (quick arguments or None when it has no quick mode, full arguments, arguments to write its README)
+BENCHMARKS: dict[str, tuple[list[str] | None, list[str], list[str]]] = {
+    "bench_formats.py": (["--quick", "--reps", "5"], ["--reps", "5"], ["--write"]),
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="the benchmarks' quick modes only")
+    ap.add_argument("--write", action="store_true", help="let each benchmark rewrite its README")
+    ap.add_argument("--only", action="append", default=[], metavar="SCRIPT", help="run only these scripts")
+    args = ap.parse_args(argv)
+    print("host:", _host.describe(), flush=True)
+    known = sorted(p.name for p in HERE.glob("bench_*.py"))
+    unknown = [s for s in args.only if s not in BENCHMARKS]
+    if unknown:
+        print(f"run_all: unknown benchmark(s) {', '.join(unknown)} (known: {', '.join(BENCHMARKS)})",
+              file=sys.stderr)
+        return 2
+    failed, ran = [], []
+    for name in known:
+        if name not in BENCHMARKS or (args.only and name not in args.only):
+            continue
+        quick, full, write = BENCHMARKS[name]
+        if args.quick and quick is None:
+            print(f"== {name}: skipped (no quick mode)")
+            continue
+        cmd = [sys.executable, str(HERE / name), *(quick if args.quick else full), *(write if args.write else [])]
+        print(f"== {name}: {' '.join(cmd[1:])}", flush=True)
+        t0 = time.perf_counter()
+        rc = subprocess.run(cmd, cwd=HERE.parent).returncode
+        ran.append(name)
+        print(f"== {name}: exit {rc} after {time.perf_counter() - t0:.0f} s; {_host.load_line()}", flush=True)
+        if rc != 0:
+            failed.append(f"{name} (exit {rc})")
+    skipped = [n for n in known if n not in BENCHMARKS]
+    if skipped:
+        print(f"not part of run_all yet (no self-check / quick mode): {', '.join(skipped)}")
+    print("host:", _host.describe())
+    if failed:
+        print(f"FAILED: {', '.join(failed)}", file=sys.stderr)
+        return 1
+    print(f"all {len(ran)} benchmark(s) within their targets and documented figures")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

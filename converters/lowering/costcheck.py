@@ -1,0 +1,669 @@
+"""The cost model against the device: price measured ops, compare, and fit a SoC profile to captures.
+
+Input is any sequence of measured-op records with the attributes of
+:class:`npu_deploy.profiling.ops.MeasuredOp` (``name, type, engine, in_shapes, out_shapes, in_dtypes,
+out_dtypes, in_formats, out_formats, duration_us, capture``); this module does not read files (the
+``cost`` CLI reads captures with ``profiling.ops`` and hands the records here).
+
+How a measured op is priced (:func:`features`): shapes are the device's storage shapes (NC1HWC0 5-D,
+FRACTAL_Z 4-D), so bytes are what the kernel really moves and cube work includes C0/16 padding.
+
+* ``TransData``: ``launch(engine) + (src + dst bytes) / (bandwidth * transdata_eff(pair, dtype))``.
+* Conv2D / Conv2DBackpropInput / Conv2DBackpropFilter: MACs = elements of the activation gradient or
+  output (per padded output channel) × elements of the weight; cube roofline at ``cube_eff(dtype)``.
+* MatMul family: ``2·M·N·K`` (K found from the operand that carries M), cube roofline.
+* Vector ops of a known kind (elementwise, reductions, pooling, norms, data movement, optimizer
+  updates): vector roofline on bytes moved.  ``AI_CPU`` ops: AI CPU launch + bytes at its bandwidth.
+* Anything else, or an op without shapes: **not priced** (``predicted_us`` None, counted with its share).
+
+:func:`fit` fits a few physically bounded parameters (launch per engine, TransData efficiency per
+format pair and dtype, cube efficiency per dtype, vector and bandwidth efficiency, AI CPU) by robust
+least squares on log time (``scipy.optimize.least_squares``, ``soft_l1`` loss, so outliers weigh less).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import html
+import math
+import statistics
+from collections import defaultdict
+from typing import Any, ClassVar, Iterable, Sequence
+
+from npu_deploy._result import Result
+from npu_deploy.converters.lowering import cost as C
+from npu_deploy.errors import DependencyError, InputError
+
+_ITEMSIZE = {"FLOAT": 4, "FLOAT32": 4, "FLOAT16": 2, "HALF": 2, "BF16": 2, "BFLOAT16": 2, "INT64": 8,
+             "UINT64": 8, "INT32": 4, "UINT32": 4, "INT16": 2, "UINT16": 2, "INT8": 1, "UINT8": 1,
+             "BOOL": 1, "DOUBLE": 8, "FLOAT64": 8, "HIFLOAT32": 4, "HF32": 4, "INT4": 1}
+_DTYPE_NAME = {"FLOAT": "float32", "FLOAT32": "float32", "FLOAT16": "float16", "HALF": "float16",
+               "BF16": "bfloat16", "BFLOAT16": "bfloat16", "INT8": "int8", "UINT8": "int8"}
+
+TRANSDATA_TYPES = frozenset({"TransData", "TransDataRNN"})
+CONV_TYPES = frozenset({"Conv2D", "Conv2DBackpropInput", "Conv2DBackpropFilter", "Conv3D",
+                        "Conv3DBackpropInput", "Conv3DBackpropFilter", "Conv2DTranspose", "Conv2DV2"})
+MATMUL_TYPES = frozenset({"MatMul", "MatMulV2", "MatMulV3", "BatchMatMul", "BatchMatMulV2",
+                          "BatchMatMulV3", "GEMM", "MatMulCommon"})
+#: ops that only write their output (their input shape is a size, not data read)
+_OUTPUT_ONLY = frozenset({"ZerosLike", "OnesLike", "Fill", "Range", "MemSet", "Empty"})
+_TRANSCENDENTAL = frozenset({"Exp", "Log", "Sigmoid", "Tanh", "Sin", "Cos", "Pows", "Pow", "Sqrt", "Rsqrt",
+                             "Erf", "Gelu", "GeLU", "SwiGlu", "SwiGluGrad", "LogSoftmaxV2", "SoftmaxV2",
+                             "LogSoftmaxGrad", "SoftmaxGrad", "RotaryPositionEmbedding",
+                             "RotaryPositionEmbeddingGrad", "RmsNorm", "RmsNormGrad", "LayerNorm",
+                             "LayerNormV3", "LayerNormGrad", "LpNormV2", "ApplyAdamWV2", "ApplyAdamW"})
+#: CANN vector kernels priced by the vector roofline (plus the ONNX elementwise/reduce/move names)
+VECTOR_TYPES = frozenset(set(C._ELEMENTWISE) | set(C._REDUCE) | set(C._MOVE) | _TRANSCENDENTAL | _OUTPUT_ONLY | {
+    "TensorMove", "ForeachAddList", "ForeachMulScalar", "ForeachAddScalar", "ForeachMulList",
+    "MaxPoolWithArgmaxV1", "MaxPoolGradWithArgmaxV1", "MaxPool", "MaxPoolV3", "AvgPool", "AvgPoolV2",
+    "AdaptiveAvgPool3d", "AdaptiveAvgPool3dGrad", "AdaptiveAvgPool2d", "ReluGrad", "Relu", "DropOutDoMask",
+    "NLLLoss", "NLLLossGrad", "RealDiv", "BroadcastTo", "Slice", "StridedSlice", "Tril", "Triu",
+    "LogicalNot", "LogicalOr", "LogicalAnd", "GatherV2", "ConcatD", "ConcatV2", "SplitV", "SplitD",
+    "Muls", "Adds", "NotEqual", "BiasAdd", "BiasAddGrad", "TransposeD", "Transpose", "AddN", "Square",
+    "SquareSumV1", "ReduceMean", "ReduceMax", "ReduceSum", "Greater", "GreaterEqual", "Less", "LessEqual",
+    "Equal", "Cast", "Abs", "Neg", "Maximum", "Minimum", "SelectV2", "Select", "MaskedFill",
+    "BNTrainingReduce", "BNTrainingUpdate", "BNInfer", "BatchNorm", "ApplyMomentum", "ExpandD", "Tile"})
+#: op classes: colour and table order
+CLASSES = ("TransData", "Conv", "MatMul", "vector", "AI CPU")
+
+
+def _numel(shape) -> int:
+    n = 1
+    for d in shape:
+        n *= int(d)
+    return n
+
+
+def _nbytes(shapes, dtypes) -> int:
+    total = 0
+    for k, s in enumerate(shapes):
+        if not s:
+            continue
+        dt = dtypes[k] if k < len(dtypes) else None
+        total += _numel(s) * _ITEMSIZE.get((dt or "FLOAT").upper(), 4)
+    return total
+
+
+def _dtype(op) -> str:
+    for d in list(op.in_dtypes) + list(op.out_dtypes):
+        if d and d.upper() in _DTYPE_NAME:
+            return _DTYPE_NAME[d.upper()]
+    return "float32"
+
+
+@dataclasses.dataclass(frozen=True)
+class Features:
+    """What the cost model needs of one measured op (shape-derived, parameter-free)."""
+
+    cls: str            # one of CLASSES
+    engine: str
+    flops: float
+    nbytes: float
+    dtype: str
+    pair: str = ""      # TransData "SRC->DST"
+
+
+def _conv_macs(op) -> float | None:
+    shapes = list(op.in_shapes) + list(op.out_shapes)
+    fmts = list(op.in_formats) + list(op.out_formats)
+    w = None
+    for s, f in zip(shapes, fmts):
+        if f and f.startswith("FRACTAL_Z") and s and len(s) == 4:
+            w, cout = s, s[1] * s[2]
+            break
+    if w is None:
+        if len(op.in_shapes) > 1 and op.in_shapes[1] and len(op.in_shapes[1]) == 4 and op.type == "Conv2D":
+            w = op.in_shapes[1]
+            cout = w[0]
+        else:
+            return None
+    if op.type.endswith(("BackpropInput", "BackpropFilter")):
+        act = op.in_shapes[2] if len(op.in_shapes) > 2 else None
+    else:
+        act = op.out_shapes[0] if op.out_shapes else None
+    if not act or not cout:
+        return None
+    return _numel(act) / cout * _numel(w)
+
+
+def _matmul_k(op) -> float | None:
+    if len(op.in_shapes) < 2 or not op.out_shapes:
+        return None
+    a, b, y = op.in_shapes[0], op.in_shapes[1], op.out_shapes[0]
+    if not a or not b or not y or len(y) < 2:
+        return None
+    fmt = (op.in_formats[0] if op.in_formats else None) or "ND"
+    if fmt == "ND" and len(a) >= 2 and len(b) >= 2:
+        m, n = y[-2], y[-1]
+        ka = a[-1] if a[-2] == m else a[-2] if a[-1] == m else None
+        kb = b[-2] if b[-1] == n else b[-1] if b[-2] == n else None
+        if ka and kb:
+            return float(min(ka, kb))   # they disagree only for packed layouts: the smaller is what runs
+        if ka or kb:
+            return float(ka or kb)
+    batch = _numel(y) / max(1, y[-2] * y[-1]) if fmt == "ND" else 1.0
+    k2 = _numel(a) * _numel(b) / max(1, _numel(y)) / max(1.0, batch)
+    return math.sqrt(k2) if k2 > 0 else None
+
+
+def features(op) -> Features | None:
+    """The parameter-free description of a measured op, or None when the model cannot price it."""
+    if not (op.in_shapes or op.out_shapes) or any(s is None for s in list(op.in_shapes) + list(op.out_shapes)):
+        return None
+    engine = op.engine
+    dtype = _dtype(op)
+    in_b = _nbytes(op.in_shapes, op.in_dtypes)
+    out_b = _nbytes(op.out_shapes, op.out_dtypes)
+    t = op.type
+    if t in TRANSDATA_TYPES:
+        if not op.in_formats or not op.out_formats or not op.in_formats[0] or not op.out_formats[0]:
+            return None
+        pair = f"{op.in_formats[0]}->{op.out_formats[0]}"
+        return Features("TransData", engine, 0.0, float(in_b + out_b), dtype, pair)
+    if engine == "AI_CPU":
+        return Features("AI CPU", engine, 0.0, float(in_b + out_b), dtype)
+    if t in CONV_TYPES:
+        macs = _conv_macs(op)
+        return None if macs is None else Features("Conv", engine, 2.0 * macs, float(in_b + out_b), dtype)
+    if t in MATMUL_TYPES:
+        k = _matmul_k(op)
+        if k is None:
+            return None
+        return Features("MatMul", engine, 2.0 * _numel(op.out_shapes[0]) * k, float(in_b + out_b), dtype)
+    if t in VECTOR_TYPES:
+        if t in _OUTPUT_ONLY:
+            in_b = 0
+        elems = sum(_numel(s) for s in op.out_shapes if s)
+        per = 8.0 if t in _TRANSCENDENTAL else 1.0
+        return Features("vector", engine, per * elems, float(in_b + out_b), dtype)
+    return None
+
+
+def predict(f: Features, p: C.SocProfile) -> float:
+    """Predicted device time (µs) of one priced op under profile ``p``."""
+    if f.cls == "AI CPU":
+        return p.aicpu_launch_us + 1e6 * f.nbytes / (p.aicpu_bandwidth_gbps * 1e9)
+    launch = p.launch_for(f.engine)
+    if f.cls == "TransData":
+        src, dst = f.pair.split("->", 1)
+        return p.transdata_launch(src, dst, f.engine) + 1e6 * f.nbytes / (p.bandwidth_gbps * 1e9 * p.transdata_eff(src, dst, f.dtype))
+    mem = f.nbytes / (p.bandwidth_gbps * 1e9 * p.bw_efficiency)
+    if f.cls in ("Conv", "MatMul"):
+        comp = f.flops / (p.cube_peak_flops(f.dtype) * p.cube_eff(f.dtype, f.cls))
+    else:
+        comp = f.flops / (p.vector_peak_flops(f.dtype) * p.vector_efficiency)
+    return launch + 1e6 * max(comp, mem)
+
+
+# ---------------------------------------------------------------------------------------------
+# cost check
+
+@dataclasses.dataclass
+class CheckedOp:
+    name: str
+    type: str
+    engine: str
+    cls: str | None
+    measured_us: float
+    predicted_us: float | None
+    capture: str = ""
+
+    @property
+    def error_pct(self) -> float | None:
+        if self.predicted_us is None or self.measured_us <= 0:
+            return None
+        return 100.0 * (self.predicted_us - self.measured_us) / self.measured_us
+
+
+@dataclasses.dataclass
+class TypeRow:
+    type: str
+    cls: str | None
+    count: int
+    measured_us: float
+    predicted_us: float | None
+    median_abs_err_pct: float | None
+    p90_abs_err_pct: float | None
+    worst: list[str]
+
+
+def _short(name: str, width: int = 40) -> str:
+    """A long kernel name shortened in the middle, keeping both ends."""
+    return name if len(name) <= width else name[:width // 2 - 1] + "…" + name[-(width // 2):]
+
+
+def _pctile(xs: Sequence[float], q: float) -> float | None:
+    if not xs:
+        return None
+    xs = sorted(xs)
+    k = (len(xs) - 1) * q
+    lo, hi = math.floor(k), math.ceil(k)
+    return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
+
+
+@dataclasses.dataclass
+class CostCheckReport(Result):
+    """Predicted against measured device time per op, per op type and overall."""
+
+    SCHEMA: ClassVar[str] = "npu-deploy/cost-check"
+    SCHEMA_VERSION: ClassVar[int] = 1
+
+    soc: str
+    calibrated: bool
+    captures: list[str]
+    ops: list[CheckedOp]
+    types: list[TypeRow]
+    total: dict
+    formattrans: dict
+    not_priced: dict
+    skipped: dict
+    max_error_pct: float | None = None
+    median_abs_err_pct: float | None = None
+
+    def __bool__(self) -> bool:
+        return self.max_error_pct is None or (self.median_abs_err_pct or 0.0) <= self.max_error_pct
+
+    def verdict(self) -> str:
+        t = self.total
+        err = "n/a" if self.median_abs_err_pct is None else f"{self.median_abs_err_pct:.1f} %"
+        line = (f"cost model on {self.soc}{'' if self.calibrated else ' (not calibrated)'}: median op error "
+                f"{err}; priced ops measured {t['measured_priced_us']:.1f} µs, predicted "
+                f"{t['predicted_us']:.1f} µs ({t['error_pct']:+.1f} %)")
+        if self.max_error_pct is not None:
+            line += f" — {'ok' if self else 'FAILED'} (--max-error {self.max_error_pct:g} %)"
+        return line
+
+    def to_dict(self) -> dict:
+        d = super().to_dict()
+        for o, od in zip(self.ops, d["ops"]):
+            od["error_pct"] = o.error_pct
+        return d
+
+
+def class_of(op) -> str | None:
+    f = features(op)
+    return None if f is None else f.cls
+
+
+def check(ops: Iterable[Any], soc: "str | C.SocProfile", *, max_error_pct: float | None = None,
+          skipped: dict | None = None, captures: Sequence[str] = ()) -> CostCheckReport:
+    """Predict every measured op under ``soc`` and compare (see the module docstring for the pricing)."""
+    p = C.get_soc_profile(soc)
+    rows: list[CheckedOp] = []
+    for op in ops:
+        f = features(op)
+        pred = predict(f, p) if f is not None else None
+        rows.append(CheckedOp(op.name, op.type, op.engine, f.cls if f else None, float(op.duration_us), pred,
+                              getattr(op, "capture", "")))
+    if not rows:
+        raise InputError("cost check: no device ops to compare", hint="give a capture with device compute tasks")
+    by_type: dict[str, list[CheckedOp]] = defaultdict(list)
+    for r in rows:
+        by_type[r.type].append(r)
+    types = []
+    for t, rs in by_type.items():
+        errs = [abs(r.error_pct) for r in rs if r.error_pct is not None]
+        priced = [r for r in rs if r.predicted_us is not None]
+        worst = sorted((r for r in priced if r.error_pct is not None), key=lambda r: -abs(r.error_pct))[:3]
+        types.append(TypeRow(t, rs[0].cls, len(rs), sum(r.measured_us for r in rs),
+                             sum(r.predicted_us for r in priced) if priced else None,
+                             statistics.median(errs) if errs else None, _pctile(errs, 0.9),
+                             [f"{_short(r.name)} ({r.error_pct:+.0f} %)" for r in worst]))
+    types.sort(key=lambda r: -r.measured_us)
+    measured = sum(r.measured_us for r in rows)
+    priced = [r for r in rows if r.predicted_us is not None]
+    m_priced = sum(r.measured_us for r in priced)
+    pred = sum(r.predicted_us for r in priced)
+    td_m = sum(r.measured_us for r in priced if r.cls == "TransData")
+    td_p = sum(r.predicted_us for r in priced if r.cls == "TransData")
+    unpriced = [r for r in rows if r.predicted_us is None]
+    np_types: dict[str, int] = defaultdict(int)
+    for r in unpriced:
+        np_types[r.type] += 1
+    errs = [abs(r.error_pct) for r in priced if r.error_pct is not None]
+    return CostCheckReport(
+        soc=p.name, calibrated=p.calibrated, captures=list(captures), ops=rows, types=types,
+        total={"measured_us": measured, "measured_priced_us": m_priced, "predicted_us": pred,
+               "error_pct": 100.0 * (pred - m_priced) / m_priced if m_priced > 0 else 0.0},
+        formattrans={"measured_pct": 100.0 * td_m / m_priced if m_priced else 0.0,
+                     "predicted_pct": 100.0 * td_p / pred if pred else 0.0},
+        not_priced={"count": len(unpriced), "measured_us": sum(r.measured_us for r in unpriced),
+                    "share_pct": 100.0 * sum(r.measured_us for r in unpriced) / measured if measured else 0.0,
+                    "types": dict(sorted(np_types.items(), key=lambda kv: -kv[1]))},
+        skipped=dict(skipped or {}), max_error_pct=max_error_pct,
+        median_abs_err_pct=statistics.median(errs) if errs else None)
+
+
+def _f(v, fmt="{:.1f}") -> str:
+    return "-" if v is None else fmt.format(v)
+
+
+def render_text(r: CostCheckReport, top: int = 25) -> str:
+    lines = [f"cost check: {', '.join(r.captures) or 'capture'} against the {r.soc} profile "
+             f"({C.accuracy_note(r.soc)})", ""]
+    head = f"{'op type':<26}{'count':>6}{'measured µs':>13}{'predicted µs':>14}{'median |err|':>14}{'p90':>8}  worst"
+    lines += [head, "-" * len(head)]
+    for t in r.types[:top]:
+        pred = "not priced" if t.predicted_us is None else f"{t.predicted_us:.1f}"
+        med = "" if t.median_abs_err_pct is None else f"{t.median_abs_err_pct:.1f} %"
+        p90 = "" if t.p90_abs_err_pct is None else f"{t.p90_abs_err_pct:.0f} %"
+        lines.append(f"{t.type[:25]:<26}{t.count:>6}{t.measured_us:>13.1f}{pred:>14}{med:>14}{p90:>8}  "
+                     f"{'; '.join(t.worst[:2])}")
+    if len(r.types) > top:
+        lines.append(f"... {len(r.types) - top} more op types (--json has every op)")
+    tot, ft, npd = r.total, r.formattrans, r.not_priced
+    lines += ["",
+              f"device time, priced ops: measured {tot['measured_priced_us']:.1f} µs, predicted "
+              f"{tot['predicted_us']:.1f} µs ({tot['error_pct']:+.1f} %)",
+              f"FormatTrans share: measured {ft['measured_pct']:.1f} %, predicted {ft['predicted_pct']:.1f} % "
+              f"({ft['predicted_pct'] - ft['measured_pct']:+.1f} points)",
+              f"not priced: {npd['count']} ops, {npd['share_pct']:.1f} % of measured device time "
+              f"({', '.join(f'{k} x{v}' for k, v in list(npd['types'].items())[:6]) or 'none'})"]
+    for why, n in r.skipped.items():
+        lines.append(f"skipped: {n} rows ({why})")
+    lines.append(r.verdict())
+    return "\n".join(lines)
+
+
+_COLOURS = {"TransData": "#d62728", "Conv": "#1f77b4", "MatMul": "#2ca02c", "vector": "#ff7f0e",
+            "AI CPU": "#9467bd"}
+
+
+def render_html(r: CostCheckReport) -> str:
+    """One self-contained HTML page: the table and a log–log scatter of predicted vs measured (inline SVG)."""
+    pts = [o for o in r.ops if o.predicted_us is not None and o.measured_us > 0 and o.predicted_us > 0]
+    W, H, M = 760, 560, 60
+    vals = [v for o in pts for v in (o.measured_us, o.predicted_us)] or [1.0, 10.0]
+    lo = 10 ** math.floor(math.log10(min(vals)))
+    hi = 10 ** math.ceil(math.log10(max(vals)))
+    if hi <= lo:
+        hi = lo * 10
+    span = math.log10(hi) - math.log10(lo)
+
+    def x(v):
+        return M + (math.log10(v) - math.log10(lo)) / span * (W - 2 * M)
+
+    def y(v):
+        return H - M - (math.log10(v) - math.log10(lo)) / span * (H - 2 * M)
+
+    e = html.escape
+    svg = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" viewBox="0 0 {W} {H}">',
+           f'<rect x="{M}" y="{M}" width="{W - 2 * M}" height="{H - 2 * M}" fill="#fafafa" stroke="#999"/>']
+    d = lo
+    while d <= hi * 1.0001:
+        svg.append(f'<line x1="{x(d):.1f}" y1="{M}" x2="{x(d):.1f}" y2="{H - M}" stroke="#ddd"/>'
+                   f'<line x1="{M}" y1="{y(d):.1f}" x2="{W - M}" y2="{y(d):.1f}" stroke="#ddd"/>'
+                   f'<text x="{x(d):.1f}" y="{H - M + 18}" font-size="12" text-anchor="middle">{d:g}</text>'
+                   f'<text x="{M - 6}" y="{y(d) + 4:.1f}" font-size="12" text-anchor="end">{d:g}</text>')
+        d *= 10
+    for f_, dash in ((1.0, ""), (1.25, "4,3"), (0.8, "4,3")):
+        svg.append(f'<line x1="{x(lo):.1f}" y1="{y(lo * f_):.1f}" x2="{x(hi / f_ if f_ > 1 else hi):.1f}" '
+                   f'y2="{y(hi if f_ > 1 else hi * f_):.1f}" stroke="#555" stroke-dasharray="{dash}"/>')
+    for o in pts:
+        c = _COLOURS.get(o.cls or "", "#7f7f7f")
+        svg.append(f'<circle cx="{x(o.measured_us):.1f}" cy="{y(o.predicted_us):.1f}" r="3.5" fill="{c}" '
+                   f'fill-opacity="0.7"><title>{e(o.name)} ({e(o.type)}): measured {o.measured_us:.2f} µs, '
+                   f'predicted {o.predicted_us:.2f} µs</title></circle>')
+    svg.append(f'<text x="{W / 2}" y="{H - 15}" font-size="14" text-anchor="middle">measured µs (log)</text>'
+               f'<text x="18" y="{H / 2}" font-size="14" text-anchor="middle" '
+               f'transform="rotate(-90 18 {H / 2})">predicted µs (log)</text>')
+    for k, (cls, c) in enumerate(_COLOURS.items()):
+        svg.append(f'<circle cx="{M + 15}" cy="{M + 18 + 18 * k}" r="5" fill="{c}"/>'
+                   f'<text x="{M + 26}" y="{M + 23 + 18 * k}" font-size="13">{e(cls)}</text>')
+    svg.append(f'<text x="{M + 130}" y="{M + 23}" font-size="12" fill="#555">solid: exact; dashed: ±25 %</text>')
+    svg.append("</svg>")
+    rows = "".join(
+        f"<tr><td>{e(t.type)}</td><td>{t.count}</td><td>{t.measured_us:.1f}</td>"
+        f"<td>{'not priced' if t.predicted_us is None else f'{t.predicted_us:.1f}'}</td>"
+        f"<td>{_f(t.median_abs_err_pct)}</td><td>{_f(t.p90_abs_err_pct, '{:.0f}')}</td>"
+        f"<td>{e('; '.join(t.worst))}</td></tr>" for t in r.types)
+    tot, ft = r.total, r.formattrans
+    return f"""<!DOCTYPE html>
+<html><head><meta charset="utf-8"><title>npu-deploy cost check — {e(r.soc)}</title>
+<style>body{{font-family:sans-serif;margin:24px}}table{{border-collapse:collapse}}
+td,th{{border:1px solid #ccc;padding:3px 8px;text-align:right}}td:first-child,td:last-child{{text-align:left}}</style>
+</head><body>
+<h1>Cost model against measured device time — {e(r.soc)}</h1>
+<p>{e(', '.join(r.captures))}. {e(C.accuracy_note(r.soc))}.</p>
+<p>Priced ops: measured {tot['measured_priced_us']:.1f} µs, predicted {tot['predicted_us']:.1f} µs
+({tot['error_pct']:+.1f} %). FormatTrans share: measured {ft['measured_pct']:.1f} %, predicted
+{ft['predicted_pct']:.1f} %. Not priced: {r.not_priced['count']} ops, {r.not_priced['share_pct']:.1f} % of
+measured time.</p>
+{''.join(svg)}
+<h2>Per op type</h2>
+<table><tr><th>op type</th><th>count</th><th>measured µs</th><th>predicted µs</th><th>median |err| %</th>
+<th>p90 %</th><th>worst ops</th></tr>{rows}</table>
+<p>{e(r.verdict())}</p>
+</body></html>
+"""
+
+
+# ---------------------------------------------------------------------------------------------
+# cost fit
+
+#: (parameter, lower, upper): physically plausible ranges (launch: ~1-50 µs per task on any Ascend SoC;
+#: efficiencies are fractions of the datasheet peak; TransData up to 2x HBM peak for L2-resident data)
+_SCALAR_BOUNDS = {"fp32_tflops": (5.0, 400.0), "vector_efficiency": (0.01, 1.0), "bw_efficiency": (0.05, 1.0),
+                  "aicpu_launch_us": (1.0, 500.0), "aicpu_bandwidth_gbps": (0.05, 200.0)}
+_LAUNCH_BOUNDS = (0.3, 50.0)
+_TD_BOUNDS = (0.01, 3.0)
+_CUBE_BOUNDS = (0.01, 1.0)
+MIN_OPS_PER_PARAM = 2
+
+
+@dataclasses.dataclass
+class FitResult(Result):
+    """A fitted profile and how well it reproduces the captures (in sample and leave one capture out)."""
+
+    SCHEMA: ClassVar[str] = "npu-deploy/cost-fit"
+    SCHEMA_VERSION: ClassVar[int] = 1
+
+    profile: dict
+    parameters: dict
+    n_ops: int
+    n_keys: int
+    in_sample: dict
+    leave_one_out: dict
+    captures: list[str]
+
+    def verdict(self) -> str:
+        loo = self.leave_one_out.get("median_abs_err_pct")
+        return (f"fitted {len(self.parameters)} parameters on {self.n_ops} ops ({self.n_keys} distinct op/shape "
+                f"keys) from {len(self.captures)} capture(s): in-sample median op error "
+                f"{_f(self.in_sample.get('median_abs_err_pct'))} %, leave-one-capture-out "
+                f"{_f(loo)} %" + ("" if loo is not None else " (needs two captures)"))
+
+
+def _param_specs(feats: list[Features], base: C.SocProfile) -> list[tuple[str, str, float, float, float]]:
+    """The parameters the data can determine: (table, key, lower, upper, start)."""
+    specs = []
+    count: dict[tuple, int] = defaultdict(int)
+    for f in feats:
+        if f.cls == "AI CPU":
+            count[("aicpu",)] += 1
+            continue
+        count[("launch", f.engine)] += 1
+        if f.cls == "TransData":
+            count[("td", f"{f.pair}/{f.dtype}")] += 1
+            count[("tdlaunch", f.pair)] += 1
+        elif f.cls in ("Conv", "MatMul"):
+            count[("cube", f.dtype)] += 1
+            count[("cubecls", f"{f.cls}/{f.dtype}")] += 1
+        else:
+            count[("vector",)] += 1
+    for (kind, *rest), n in sorted(count.items()):
+        if n < MIN_OPS_PER_PARAM:
+            continue
+        if kind == "launch" and rest[0] in C.LAUNCH_ENGINES:
+            specs.append(("launch_us_by_engine", rest[0], *_LAUNCH_BOUNDS, base.launch_for(rest[0])))
+        elif kind == "td":
+            src_dst, dt = rest[0].split("/")
+            src, dst = src_dst.split("->")
+            specs.append(("transdata_efficiency_by_pair", rest[0], *_TD_BOUNDS, base.transdata_eff(src, dst, dt)))
+        elif kind == "tdlaunch":
+            src, dst = rest[0].split("->")
+            specs.append(("launch_us_by_engine", f"TransData:{rest[0]}", *_LAUNCH_BOUNDS,
+                          base.transdata_launch(src, dst)))
+        elif kind == "cube" and rest[0] == "float32":
+            # fp32 through the cube: the datasheet gives no rate, so the rate itself is fitted
+            specs.append(("fp32_tflops", "", *_SCALAR_BOUNDS["fp32_tflops"], base.fp32_tflops))
+        elif kind == "cubecls" and rest[0] == "MatMul/float32":
+            # the fp32 rate is fitted on the convolutions; matrix products get their own efficiency
+            specs.append(("cube_efficiency_by_dtype", rest[0], *_CUBE_BOUNDS, base.cube_eff("float32", "MatMul")))
+        elif kind == "cube" and rest[0] in ("float16", "bfloat16", "int8"):
+            specs.append(("cube_efficiency_by_dtype", rest[0], *_CUBE_BOUNDS, base.cube_eff(rest[0])))
+        elif kind == "vector":
+            for k in ("vector_efficiency", "bw_efficiency"):
+                specs.append((k, "", *_SCALAR_BOUNDS[k], getattr(base, k)))
+        elif kind == "aicpu":
+            for k in ("aicpu_launch_us", "aicpu_bandwidth_gbps"):
+                specs.append((k, "", *_SCALAR_BOUNDS[k], getattr(base, k)))
+    return specs
+
+
+def _apply(base: C.SocProfile, specs, values, name: str | None = None) -> C.SocProfile:
+    tables = {"launch_us_by_engine": dict(base.launch_us_by_engine),
+              "transdata_efficiency_by_pair": dict(base.transdata_efficiency_by_pair),
+              "cube_efficiency_by_dtype": dict(base.cube_efficiency_by_dtype)}
+    scalars = {}
+    for (table, key, *_), v in zip(specs, values):
+        if key:
+            tables[table][key] = float(v)
+        else:
+            scalars[table] = float(v)
+    return dataclasses.replace(base, name=name or base.name, **tables, **scalars)
+
+
+def _clip(v, lo, hi):
+    return min(max(v, lo * 1.0001), hi * 0.9999)
+
+
+def _fit_profile(feats, meas, base, specs, name=None, weights=None) -> C.SocProfile:
+    import numpy as np
+
+    try:
+        from scipy.optimize import least_squares  # heavy optional dependency: imported only by `cost fit`
+    except ImportError:
+        raise DependencyError("cost fit needs scipy, which is not installed here",
+                              hint="pip install 'npu-deploy[cost]' (or pip install scipy)") from None
+
+    lo = np.log([s[2] for s in specs])
+    hi = np.log([s[3] for s in specs])
+    x0 = np.log([_clip(s[4], s[2], s[3]) for s in specs])
+    logm = np.log(np.maximum(meas, 1e-3))
+    w = np.ones(len(feats)) if weights is None else np.asarray(weights, dtype=float)
+
+    def resid(theta):
+        p = _apply(base, specs, np.exp(theta))
+        return w * (np.log([max(predict(f, p), 1e-3) for f in feats]) - logm)
+
+    sol = least_squares(resid, x0, bounds=(lo, hi), loss="soft_l1", f_scale=0.4, max_nfev=200)
+    return _apply(base, specs, np.exp(sol.x), name)
+
+
+def _summary(feats, meas, p) -> dict:
+    return _summary_from_pred(feats, meas, [predict(f, p) for f in feats])
+
+
+def fit(captures: Sequence[tuple[str, Sequence[Any]]], base: "str | C.SocProfile" = "Ascend910B", *,
+        name: str | None = None) -> tuple[C.SocProfile, FitResult]:
+    """Fit ``base``'s parameters to the measured ops of ``captures`` (``[(label, ops), ...]``).
+
+    Returns the fitted profile (name ``name`` or ``<base>-fitted``) and the fit's report, with the
+    in-sample error and, with two or more captures, the leave-one-capture-out error.
+    """
+    b = C.get_soc_profile(base)
+    per_cap = []
+    for label, ops in captures:
+        fs, ms = [], []
+        for op in ops:
+            f = features(op)
+            if f is not None and op.duration_us > 0:
+                fs.append(f)
+                ms.append(float(op.duration_us))
+        per_cap.append((label, fs, ms))
+    feats = [f for _, fs, _ in per_cap for f in fs]
+    meas = [m for _, _, ms in per_cap for m in ms]
+    if len(feats) < 4:
+        raise InputError(f"cost fit: only {len(feats)} priced ops with shapes in the capture(s)",
+                         hint="give Level1+ captures with device compute ops (TransData, Conv2D, MatMul ...)")
+    specs = _param_specs(feats, b)
+    keys = {(f.cls, f.pair, f.dtype, round(f.flops), round(f.nbytes)) for f in feats}
+    weights = _weights(per_cap)
+    fitted = _fit_profile(feats, meas, b, specs, name or f"{b.name}-fitted", weights)
+    ins = _summary(feats, meas, fitted)
+    loo: dict = {}
+    if len(per_cap) >= 2:
+        lf: list[Features] = []
+        lm: list[float] = []
+        lp: list[float] = []
+        per: dict = {}
+        for k, (label, fs, ms) in enumerate(per_cap):
+            if not fs:
+                continue
+            tr_f = [f for j, (_, f2, _) in enumerate(per_cap) if j != k for f in f2]
+            tr_m = [m for j, (_, _, m2) in enumerate(per_cap) if j != k for m in m2]
+            if len(tr_f) < 4:
+                continue
+            sp = _param_specs(tr_f, b)
+            pk = _fit_profile(tr_f, tr_m, b, sp, weights=_weights([c for j, c in enumerate(per_cap) if j != k]))
+            per[label] = _summary(fs, ms, pk)
+            lf += fs
+            lm += ms
+            lp += [predict(f, pk) for f in fs]
+        if lf:
+            loo = _summary_from_pred(lf, lm, lp)
+            loo["per_capture"] = per
+    sources = dict(fitted.sources)
+    for table, key, *_ in specs:
+        sources[f"{table}.{key}" if key else table] = (f"fitted (robust least squares on log time) on "
+                                                        f"{len(per_cap)} capture(s)")
+    calib = {"calibrated": True, "captures": [c[0] for c in per_cap],
+             "median_op_error_pct": round(loo.get("median_abs_err_pct") or ins["median_abs_err_pct"], 1),
+             "summary": (f"fitted on {len(feats)} ops of {len(per_cap)} capture(s); in-sample median op error "
+                         f"{ins['median_abs_err_pct']:.1f} %"
+                         + (f", leave-one-capture-out {loo['median_abs_err_pct']:.1f} %" if loo else ""))}
+    fitted = dataclasses.replace(fitted, sources=sources, calibration=calib)
+    params = {(f"{t}.{k}" if k else t): v for (t, k, *_), v in
+              zip(specs, [(_get(fitted, t, k)) for t, k, *_ in specs])}
+    return fitted, FitResult(profile=profile_dict(fitted, b.name), parameters=params, n_ops=len(feats),
+                             n_keys=len(keys), in_sample=ins, leave_one_out=loo,
+                             captures=[c[0] for c in per_cap])
+
+
+def _weights(per_cap) -> list[float]:
+    """Each capture weighs about the same whatever its op count (a 2,000-op LLM step would otherwise
+    set every vector parameter): weight 1/sqrt(ops in the capture), scaled to mean 1."""
+    w = [1.0 / math.sqrt(len(fs)) for _, fs, _ in per_cap for _ in fs]
+    mean = sum(w) / len(w) if w else 1.0
+    return [x / mean for x in w]
+
+
+def _get(p: C.SocProfile, table: str, key: str) -> float:
+    return float(getattr(p, table)[key]) if key else float(getattr(p, table))
+
+
+def _summary_from_pred(feats, meas, preds) -> dict:
+    errs_by: dict[str, list[float]] = defaultdict(list)
+    tot_m = tot_p = td_m = td_p = 0.0
+    for f, m, pr in zip(feats, meas, preds):
+        errs_by[f.cls].append(abs(pr - m) / m * 100.0)
+        tot_m += m
+        tot_p += pr
+        if f.cls == "TransData":
+            td_m += m
+            td_p += pr
+    allerr = [e for es in errs_by.values() for e in es]
+    return {"median_abs_err_pct": statistics.median(allerr),
+            "per_class": {k: {"count": len(v), "median_abs_err_pct": statistics.median(v),
+                              "p90_abs_err_pct": _pctile(v, 0.9)} for k, v in errs_by.items()},
+            "total_error_pct": 100.0 * (tot_p - tot_m) / tot_m if tot_m else None,
+            "formattrans_measured_pct": 100.0 * td_m / tot_m if tot_m else None,
+            "formattrans_predicted_pct": 100.0 * td_p / tot_p if tot_p else None}
+
+
+def profile_dict(p: C.SocProfile, base: str) -> dict:
+    """The JSON a ``--soc`` option accepts: the profile's fields plus its ``base``."""
+    d = p.to_dict()
+    d["base"] = base
+    return d

@@ -1,0 +1,64 @@
+"""`npu-deploy cost check` / `cost fit` on real 910B captures: exit codes, JSON, HTML, bad input."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.conftest import PROFILES, SHARED_DATA
+
+CNN = SHARED_DATA / "timings_910B" / "cnn_level1_rank1_ascend_pt"
+CNN2 = SHARED_DATA / "timings_910B" / "cnn_level2_rank0_ascend_pt"
+
+pytestmark = pytest.mark.shared_data
+
+
+def test_check_table_json_and_html(run_cli, tmp_path):
+    j, h = tmp_path / "c.json", tmp_path / "c.html"
+    code, out, err = run_cli("cost", "check", CNN, "--json", j, "--html", h)
+    assert code == 0, err
+    assert "TransData" in out and "median |err|" in out and "FormatTrans share: measured" in out
+    assert "not calibrated" not in out.splitlines()[0] and "median op error" in out.splitlines()[0]
+    d = json.loads(j.read_text())
+    assert len(d["ops"]) == 187                                     # every device op, priced or not
+    assert {"name", "type", "engine", "measured_us", "predicted_us"} <= set(d["ops"][0])
+    assert any(o["predicted_us"] is None for o in d["ops"])         # MemSet has no shapes: not priced
+    measured_td = sum(o["measured_us"] for o in d["ops"] if o["type"] == "TransData")
+    assert measured_td == pytest.approx(1416.0, abs=0.5)            # the op_statistic total of this capture
+    assert abs(d["formattrans"]["predicted_pct"] - d["formattrans"]["measured_pct"]) < 3.0
+    html = h.read_text()
+    assert html.startswith("<!DOCTYPE html>") and "<svg" in html and "<script" not in html
+
+
+def test_max_error_exit_1(run_cli):
+    code, out, _ = run_cli("cost", "check", CNN, "--max-error", "1")
+    assert code == 1 and "FAILED" in out.splitlines()[-1]
+
+
+def test_level0_capture_is_one_line_exit_2(run_cli):
+    code, out, err = run_cli("cost", "check", PROFILES / "mstt_fixtures" / "kernel_details_level0_trans_names.csv")
+    assert code == 2 and "`cost check` needs a Level1 or higher capture" in err
+    assert "Traceback" not in err
+
+
+@pytest.mark.slow
+def test_fit_then_check_with_the_fitted_profile(run_cli, tmp_path):
+    pytest.importorskip("scipy", reason="cost fit needs scipy (pip install 'npu-deploy[cost]')")
+    prof = tmp_path / "my.json"
+    code, out, err = run_cli("cost", "fit", CNN, CNN2, "-o", prof, "--name", "my910B")
+    assert code == 0, err
+    assert "leave one capture out" in out
+    d = json.loads(prof.read_text())
+    assert d["name"] == "my910B" and d["calibration"]["calibrated"] is True
+    code, out, err = run_cli("cost", "check", SHARED_DATA / "timings_910B" / "cnn_level2_rank1_ascend_pt",
+                             "--soc", prof)
+    assert code == 0, err
+    assert "my910B" in out
+
+
+def test_bad_profile_names_the_field(run_cli, tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"name": "x", "base": "Ascend910B", "bw_efficiency": 7}))
+    code, _, err = run_cli("cost", "check", CNN, "--soc", bad)
+    assert code == 2 and "bw_efficiency" in err
