@@ -75,7 +75,8 @@ def command(ctx, reference, target, atol, rtol, error_stat, val_range, samples, 
                          hint="drop them, or drop --input / --load-inputs")
     refuse_overwriting([("--save-inputs", save_inputs), ("--json", json_path)],
                        [("reference model", reference), ("target model", target),
-                        *[("input file", p) for p in input_files(inputs)]])
+                        *[("input file", p) for p in input_files(inputs)],
+                        *[("--load-inputs file", f) for f in load_inputs or ()]])
     if json_path and load_inputs:
         refuse_overwriting([("--json", json_path)], [("--load-inputs file", f) for f in load_inputs])
     shapes = parse_input_shapes(input_shape, option="--input-shape")

@@ -142,7 +142,9 @@ def command(model, model_opt, framework, output, backend, soc, input_shape, inpu
                          hint="use --framework=5 (ONNX) or leave it out; export other models to ONNX first")
     if atc_log is not None and atc_log not in LOG_LEVELS:
         raise InputError(f"--log={atc_log} is not an ATC log level", hint=f"use one of {', '.join(LOG_LEVELS)}")
-    refuse_overwriting([("-o", output), ("--report", report)], [("input model", model)])
+    keep_file = keep_dtype if keep_dtype and os.path.isfile(keep_dtype) else None
+    refuse_overwriting([("-o", output), ("--report", report)], [("input model", model),
+                       ("--insert-op-conf file", insert_op_conf), ("--keep-dtype file", keep_file)])
     if calibration_inputs and not no_preflight:  # a bad file is found before anything is written
         from npu_deploy.converters.files.onnx_model import declared_io
         from npu_deploy.runtime.check.preflight import calibration_samples

@@ -67,7 +67,10 @@ def compare_command(ctx, model, dumps, bundle, om, inputs, input_files, cosine_m
     from npu_deploy.runtime.check.debug_compare import debug_compare
 
     outs = [("--csv", csv_path), ("--json", json_path), ("--html", html_path)]
-    refuse_overwriting(outs, [("model", model), ("dump", dumps), ("bundle", bundle), ("om", om), ("inputs", inputs),
+    # a dump file's folder holds the inputs.npz and mapping.csv that are read with it
+    dump_folder = os.path.dirname(os.path.abspath(dumps)) if os.path.isfile(dumps) else None
+    refuse_overwriting(outs, [("model", model), ("dump", dumps), ("dump folder", dump_folder), ("bundle", bundle),
+                              ("om", om), ("inputs", inputs),
                               *[("input file", f.partition("=")[2]) for f in input_files]])
     for _, p in outs:
         if p:

@@ -86,8 +86,12 @@ def info(format_name, shape_text, dtype_text, c0, groups, origin, as_json):
             if not f.packable:
                 click.echo(f"  cannot be laid out by npu-deploy: {f.note}")
         return
-    result = formats.layout_info(format_name, _shape(shape_text), dtype_text, c0=c0, groups=groups,
-                                 origin=origin)
+    shape = _shape(shape_text)
+    result = formats.layout_info(format_name, shape, dtype_text, c0=c0, groups=groups, origin=origin)
+    o = str(result.origin or "ND")
+    if o != "ND" and o.isalpha() and len(shape) != len(o):  # padding [1,2] into NCHW would invent two axes
+        raise InputError(f"{result.format}: shape {list(shape)} has rank {len(shape)}; origin {o} needs "
+                         f"{len(o)} dims", hint=f"give a {len(o)}-D shape in {o} order")
     if as_json:
         click.echo(result.to_json())
         return

@@ -16,7 +16,8 @@ from pathlib import Path
 import click
 import numpy as np
 
-from npu_deploy._io import atomic_path, atomic_write, check_dest, load_npy, make_output_folder, safe_file_stem
+from npu_deploy._io import (atomic_path, atomic_write, check_dest, clean_stale_parts_below, load_npy,
+                            make_output_folder, safe_file_stem)
 from npu_deploy._display import dims
 from npu_deploy._text import printable
 from npu_deploy.cli.feedback import RunProgress, early, end_early, interactive
@@ -247,6 +248,7 @@ def _dump_emulator(sess, feeds: dict, dump_dir: str, model: str, device_id: int)
     with read_bundle(sess.path, verify=False) as b:  # the graph gives each output's index in its ONNX node
         index = onnx_output_indices(b.graph)
     _, ops = sess.backend.run_recorded(feeds)
+    clean_stale_parts_below(dump_dir)  # what a killed earlier dump left in its own time folder
     now = time.time()
     for second in range(3600):  # a run within the same second as the last one takes the next second's folder
         folder = dump_run_folder(dump_dir, Path(model).stem, when=now + second, device_id=device_id)
@@ -331,6 +333,9 @@ REWRITES = {"--model": positional("--model"),
 @click.option("--ray-address", default=None, metavar="ADDR",
               help="Batch mode on a running Ray cluster (host:port, ray://host:port or auto); "
                    "default: a local cluster declaring --npus NPUs.")
+@click.option("--ray-start-timeout", type=click.FloatRange(min=0, min_open=True), default=None, metavar="SECONDS",
+              help="Batch mode: seconds a local Ray cluster may take to start (default 180; "
+                   "NPU_DEPLOY_RAY_START_TIMEOUT). A slower start is exit 3.")
 # -- end of batch options --
 # -- operator dumps (npu_deploy.converters.files.dump) --
 @click.option("--dump", "dump_dir", type=click.Path(file_okay=False), default=None, metavar="DIR",
@@ -342,7 +347,7 @@ REWRITES = {"--model": positional("--model"),
 @click.pass_context
 def command(ctx, model, inputs, input_dir, pure_data, loop, warmup, batch_size, input_shape, output_size,
             output_dir, output_dirname, outfmt, describe, json_path, device_id, backend, profile_dir, seed, npus, ray_address,
-            dump_dir):
+            ray_start_timeout, dump_dir):
     """Run MODEL (an offline bundle or .om) and report latency and throughput.
 
     Prints latency min/mean/p50/p90/p95/p99 and throughput, and separately the host-to-device,
@@ -361,7 +366,7 @@ def command(ctx, model, inputs, input_dir, pure_data, loop, warmup, batch_size, 
         if inputs:
             raise InputError("--input is for one run; with --npus / --ray-address the samples come from "
                              "--input-dir", hint="put one <id>.npy (or .npz) per sample in a folder")
-        _run_batch(ctx, model, input_dir, output_dir, npus, ray_address, backend, json_path)
+        _run_batch(ctx, model, input_dir, output_dir, npus, ray_address, backend, json_path, ray_start_timeout)
         return
     if loop < 1:
         raise InputError(f"--loop {loop}: must be at least 1")
@@ -392,7 +397,7 @@ def command(ctx, model, inputs, input_dir, pure_data, loop, warmup, batch_size, 
         if output_dir is not None:  # before the runs: an output file must not be one of the inputs
             planned = output_paths(output_dir, names, outfmt) + [Path(output_dir) / NAMES_FILE]
             refuse_overwriting([("--output file", p) for p in planned] + [("--json", json_path)],
-                               [("model", model), *[("input file", p) for p in sources]])
+                               [("model", model), ("--input-dir", input_dir), *[("input file", p) for p in sources]])
         end_early()
         click.echo(f"model: {model}  backend: {sess.backend_name}")
         if sess.conversion:
@@ -431,17 +436,19 @@ def command(ctx, model, inputs, input_dir, pure_data, loop, warmup, batch_size, 
     ctx.exit(0)
 
 
-def _run_batch(ctx, model, input_dir, output_dir, npus, ray_address, backend, json_path) -> None:
+def _run_batch(ctx, model, input_dir, output_dir, npus, ray_address, backend, json_path,
+               ray_start_timeout=None) -> None:
     """``run MODEL --input-dir DIR --output DIR --npus N [--ray-address ADDR]``: see npu_deploy.distributed."""
     from npu_deploy.runtime.distributed import run_batch
 
     if input_dir is None:
         raise InputError("--npus / --ray-address run a batch: give the samples with --input-dir DIR",
                          hint="one sample per file: <id>.npy, or <id>.npz with one member per input")
-    refuse_overwriting([("--json", json_path)], [("model", model)])
+    refuse_overwriting([("--json", json_path), ("--output", output_dir)], [("model", model), ("--input-dir", input_dir)])
     if json_path is not None:
         check_dest(Path(json_path))
-    result = run_batch(model, input_dir, npus=npus, address=ray_address, output=output_dir, backend=backend)
+    result = run_batch(model, input_dir, npus=npus, address=ray_address, output=output_dir, backend=backend,
+                       start_timeout=ray_start_timeout)
     end_early()
     for w in result.warnings:
         click.echo(f"npu-deploy: warning: {printable(w)}", err=True)

@@ -21,7 +21,10 @@ same folder. The rule, which only touches our own naming: a regular file matchin
 removed (a reused PID only makes us keep a stale file longer).
 
 Inputs compared with outputs go through :func:`refuse_overwriting`: an output that *is* one of the
-command's inputs (same file, also through symlinks or hard links: same ``st_dev``/``st_ino``) is refused.
+command's inputs (same file, also through symlinks or hard links: same ``st_dev``/``st_ino``) is refused,
+and so is an output anywhere inside a folder the command reads (a capture, a dump folder, an input folder):
+there it could replace a file that is read, or be read itself by the next run. Every command lists the
+files it discovers or reads as configuration among its inputs.
 
 Reading
 -------
@@ -97,6 +100,32 @@ def same_file(a: str | os.PathLike, b: str | os.PathLike) -> bool:
     return (sa.st_dev, sa.st_ino) == (sb.st_dev, sb.st_ino)
 
 
+def _file_id(path) -> tuple[int, int] | None:
+    try:
+        st = os.stat(path)
+    except (OSError, ValueError):
+        return None
+    return st.st_dev, st.st_ino
+
+
+def _inside_folder(path: str | os.PathLike, folder: object) -> bool:
+    """True when ``folder`` is a folder and ``path`` lies somewhere below it: one of the folders that
+    hold ``path`` (followed through symlinks) is ``folder`` by ``st_dev``/``st_ino``."""
+    try:
+        if not os.path.isdir(folder):  # type: ignore[arg-type]
+            return False
+        target = _file_id(folder)  # type: ignore[arg-type]
+        here = Path(os.path.realpath(path)).parent
+    except (OSError, ValueError, TypeError):
+        return False
+    if target is None:
+        return False
+    for anc in (here, *here.parents):
+        if _file_id(anc) == target:
+            return True
+    return False
+
+
 def refuse_overwriting(outputs: Iterable[tuple[str, object]], inputs: Iterable[tuple[str, object]]) -> None:
     """Raise ``InputError`` (exit 2) when an output names one of the inputs, or two outputs name one
     file: the write would destroy data the user still needs. ``outputs``/``inputs`` are
@@ -114,6 +143,9 @@ def refuse_overwriting(outputs: Iterable[tuple[str, object]], inputs: Iterable[t
             if same_file(path, src):
                 raise InputError(f"{opt} {path} is the {role} itself: writing it would overwrite it",
                                  hint=f"choose another {opt} path")
+            if _inside_folder(path, src):
+                raise InputError(f"{opt} {path} is inside the {role} {src}, which is being read: writing there "
+                                 "could replace or add to what is read", hint=f"write the {opt} outside {src}")
     for i, (o1, p1) in enumerate(outs):
         for o2, p2 in outs[i + 1:]:
             if same_file(p1, p2):
@@ -334,6 +366,30 @@ def clean_stale_parts(folder: str | os.PathLike, *, now: float | None = None) ->
                 removed.append(Path(entry.path))
         except (OSError, ValueError):
             continue
+    return removed
+
+
+def clean_stale_parts_below(root: str | os.PathLike, *, depth: int = 6) -> list[Path]:
+    """:func:`clean_stale_parts` in ``root`` and every folder below it (at most ``depth`` levels, symlinks
+    not followed), then remove the folders that only such files held (up to, not including, ``root``).
+    For trees where each run writes into a folder of its own (``run --dump``: ``DIR/{time}/...``), which
+    a later run never writes into again: a run killed with SIGKILL leaves its parts there."""
+    root = Path(root)
+    removed: list[Path] = []
+    if not root.is_dir() or root.is_symlink():
+        return removed
+    for here, dirs, _ in os.walk(root, topdown=False, followlinks=False):
+        if len(Path(here).relative_to(root).parts) > depth or not os.path.isdir(here):  # removed below
+            continue
+        gone = clean_stale_parts(here)
+        removed += gone
+        d = Path(here)
+        while gone and d != root and root in d.parents:
+            try:
+                d.rmdir()  # only when empty
+            except OSError:
+                break
+            d = d.parent
     return removed
 
 

@@ -625,8 +625,10 @@ class DbOpStream(TableStream):
                 self.task_cols = self._columns(con, "TASK")
             finally:
                 con.close()
-        except sqlite3.DatabaseError as e:
-            raise ProfileError(f"unreadable SQLite database ({e})", path=self.path) from e
+        except (sqlite3.DatabaseError, UnicodeDecodeError) as e:
+            # a damaged schema: SQLite's error message quotes its bytes, which Python then fails to decode
+            raise ProfileError(f"unreadable SQLite database ({_db_reason(e)})", path=self.path,
+                               hint="the file is damaged: export the profile again") from None
         self.has_formats = "inputFormats" in self.cti_cols and "outputFormats" in self.cti_cols
         if self.compute_table != "COMPUTE_TASK_INFO":
             self.notes.append(f"{Path(self.path).name}: using table {self.compute_table}")
@@ -680,7 +682,7 @@ class DbOpStream(TableStream):
             self._row = 0
             try:
                 cur = con.execute(self._query())
-            except sqlite3.DatabaseError as e:
+            except (sqlite3.DatabaseError, UnicodeDecodeError) as e:
                 raise ProfileError(f"unexpected DB schema ({e})", path=self.path,
                                    hint="this export's schema is not one npu-deploy knows") from e
             for r in cur:
@@ -705,10 +707,17 @@ class DbOpStream(TableStream):
                             continue
                         yield (_s(name) or "hcom_op", None, "COMMUNICATION", f"{(end - start) / 1000.0:.3f}",
                                _s(d), None, None, None, None, None, None, None, str(start / 1000.0))
-        except sqlite3.DatabaseError as e:
-            raise ProfileError(f"unreadable SQLite database ({e})", path=self.path) from e
+        except (sqlite3.DatabaseError, UnicodeDecodeError) as e:
+            raise ProfileError(f"unreadable SQLite database ({_db_reason(e)})", path=self.path,
+                               hint="the file is damaged: export the profile again") from None
         finally:
             con.close()
+
+
+def _db_reason(e: Exception) -> str:
+    if isinstance(e, UnicodeDecodeError):
+        return "its schema is damaged: SQLite's description of it is not UTF-8"
+    return str(e)
 
 
 def _s(v) -> str | None:

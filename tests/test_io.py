@@ -366,3 +366,37 @@ def test_mutated_npy_and_npz_read_or_refuse_cleanly(tmp_path, edits):
             peak = tracemalloc.get_traced_memory()[1]
             tracemalloc.stop()
         assert peak < 16 << 20
+
+
+# ------------------------------------------------------------------------------------- issue 23
+def test_an_output_inside_a_folder_being_read_is_refused_also_through_a_symlink(tmp_path):
+    cap = tmp_path / "capture"
+    (cap / "sub").mkdir(parents=True)
+    (cap / "sub" / "data.csv").write_text("a,b\n")
+    via = tmp_path / "via"
+    via.symlink_to(cap / "sub")
+    for out in (cap / "sub" / "data.csv", cap / "new.json", via / "data.csv", via / "other.html"):
+        with pytest.raises(InputError, match="inside the capture"):
+            _io.refuse_overwriting([("--json", out)], [("capture", cap)])
+    # beside the folder, or a folder merely named alike, is fine
+    _io.refuse_overwriting([("--json", tmp_path / "capture.json")], [("capture", cap)])
+    (tmp_path / "capture2").mkdir()
+    _io.refuse_overwriting([("--json", tmp_path / "capture2" / "r.json")], [("capture", cap)])
+    assert (cap / "sub" / "data.csv").read_text() == "a,b\n"
+
+
+def test_parts_a_killed_dump_left_in_its_own_time_folder_are_removed_by_the_next(tmp_path):
+    dead = _dead_pid()
+    old_run = tmp_path / "dd" / "20261202003000" / "0" / "m" / "1" / "0"
+    old_run.mkdir(parents=True)
+    stale = old_run / f".Conv.conv1.1.1.123.{dead}.abcdefgh.part"
+    stale.write_bytes(b"x")
+    kept_run = tmp_path / "dd" / "20261202003100" / "0" / "m" / "1" / "0"
+    kept_run.mkdir(parents=True)
+    (kept_run / "Conv.conv1.1.1.124").write_bytes(b"dump")
+    live = kept_run / f".Relu.r.1.1.125.{os.getpid()}.abcdefgh.part"
+    live.write_bytes(b"x")
+    removed = _io.clean_stale_parts_below(tmp_path / "dd")
+    assert removed == [stale]
+    assert not (tmp_path / "dd" / "20261202003000").exists()  # only the stale part was in that run's folders
+    assert live.exists() and (kept_run / "Conv.conv1.1.1.124").exists()

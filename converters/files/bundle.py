@@ -93,6 +93,9 @@ from npu_deploy._io import atomic_path
 from npu_deploy._text import printable
 from npu_deploy._version import __version__
 from npu_deploy.converters import formats
+# no tensor of a bundle may hold more bytes than the loader allows an ONNX tensor (more than any NPU's
+# memory): checked before anything is allocated (a manifest shape [1,3,2**40,2**40] is refused here)
+from npu_deploy.converters.files.onnx_model import MAX_TENSOR_BYTES
 from npu_deploy.errors import BundleError, ModelError
 
 BUNDLE_MAGIC = b"\x89NPUBUNDL\r\n\x1a"
@@ -654,6 +657,89 @@ def validate_manifest(manifest: dict) -> None:
                 raise BundleError(f"manifest field {e}", hint="re-convert the model") from None
 
 
+#: JSON nesting a manifest may have (ours nests 5 deep): deeper is a crafted file, refused before anything
+#: walks it recursively
+MANIFEST_MAX_DEPTH = 32
+_ONNX_ELEM_TYPES = frozenset(v for v in onnx.TensorProto.DataType.values() if v != onnx.TensorProto.UNDEFINED)
+
+
+def _depth_ok(obj: Any, limit: int) -> bool:
+    """True when ``obj`` (parsed JSON) nests at most ``limit`` lists/objects deep (iterative walk)."""
+    stack = [(obj, 1)]
+    while stack:
+        v, d = stack.pop()
+        if isinstance(v, (list, dict)):
+            if d > limit:
+                return False
+            stack.extend((x, d + 1) for x in (v.values() if isinstance(v, dict) else v))
+    return True
+
+
+def _elem_name(elem: int) -> str:
+    return np.dtype(onnx.helper.tensor_dtype_to_np_dtype(elem)).name
+
+
+def _entry_bytes(e: dict) -> int:
+    """The largest byte count a manifest input/output entry claims (shape, device shape or nbytes)."""
+    try:
+        item = np.dtype(e.get("dtype") or "float32").itemsize
+    except TypeError:
+        item = 1
+    nbytes = e.get("nbytes")
+    most = nbytes if _is_int(nbytes) else 0
+    for key in ("shape", "device_shape", "graph_shape"):
+        dims = e.get(key)
+        if isinstance(dims, list) and dims and all(_is_int(d) for d in dims):
+            most = max(most, _prod(tuple(max(d, 1) for d in dims)) * item)
+    return most
+
+
+def check_graph(graph: onnx.ModelProto, manifest: dict) -> None:
+    """Check the lowered graph against itself and the manifest, for what a run would otherwise die on
+    half-way: every element type an ONNX type, every graph output and node input produced (by a node,
+    a graph input, an initializer or the weight blob; the lowered graph need not be in topological order), the manifest's input/output dtypes those of the graph, no tensor
+    larger than :data:`MAX_TENSOR_BYTES`. Raises :class:`BundleError` naming the first problem.
+    ``inspect`` and every reader with ``check=True`` run it."""
+    g = graph.graph
+    for kind, vis in (("input", g.input), ("output", g.output), ("value_info", g.value_info)):
+        for vi in vis:
+            if vi.type.HasField("tensor_type") and vi.type.tensor_type.elem_type not in _ONNX_ELEM_TYPES:
+                raise BundleError(f"graph {kind} {_quote(vi.name)} has element type "
+                                  f"{vi.type.tensor_type.elem_type}, which is no ONNX type", hint="re-convert the model")
+    for t in g.initializer:
+        if t.data_type not in _ONNX_ELEM_TYPES:
+            raise BundleError(f"graph initializer {_quote(t.name)} has element type {t.data_type}, which is no "
+                              "ONNX type", hint="re-convert the model")
+    known = {vi.name for vi in g.input} | {t.name for t in g.initializer} | {""}
+    weights = manifest.get("weights")
+    known.update(w["name"] for w in (weights if isinstance(weights, list) else ())
+                 if isinstance(w, dict) and isinstance(w.get("name"), str))  # in the blob
+    known.update(o for n in g.node for o in n.output)
+    for n in g.node:
+        for t in n.input:
+            if t not in known:
+                raise BundleError(f"graph node {_quote(n.name or n.op_type)} reads {_quote(t)}, which nothing "
+                                  "produces", hint="re-convert the model")
+    for vi in g.output:
+        if not vi.name or vi.name not in known:  # "" is an absent optional input, never an output
+            raise BundleError(f"graph output {_quote(vi.name)} has no producer", hint="re-convert the model")
+    graph_io = {vi.name: vi for vi in (*g.input, *g.output)}
+    for side in ("inputs", "outputs"):  # run after validate_manifest, or beside it (inspect): types not assumed
+        entries = manifest.get(side)
+        for k, e in enumerate(entries if isinstance(entries, list) else []):
+            if not isinstance(e, dict) or not isinstance(e.get("name"), str):
+                continue
+            vi = graph_io.get(e.get("name"))
+            if vi is not None and vi.type.HasField("tensor_type"):
+                want = _elem_name(vi.type.tensor_type.elem_type)
+                if e.get("dtype") != want:
+                    raise BundleError(f"manifest {side}[{k}] ({_quote(e.get('name'))}) says dtype "
+                                      f"{_show(e.get('dtype'))}, the graph says {want}", hint="re-convert the model")
+            if _entry_bytes(e) > MAX_TENSOR_BYTES:
+                raise BundleError(f"manifest {side}[{k}] ({_quote(e.get('name'))}) claims {_entry_bytes(e):,} bytes, "
+                                  f"more than any NPU holds ({MAX_TENSOR_BYTES:,})", hint="re-convert the model")
+
+
 def read_bundle(path: str | os.PathLike, *, verify: bool = True, check: bool = True) -> Bundle:
     """Open and validate a bundle. ``verify=False`` skips only the weight blob's checksum (large files).
 
@@ -733,6 +819,11 @@ def read_bundle(path: str | os.PathLike, *, verify: bool = True, check: bool = T
             manifest = json.loads(man_bytes.decode("utf-8"))
         except (UnicodeDecodeError, json.JSONDecodeError) as e:
             raise BundleError(f"{p}: manifest is not valid JSON ({e})") from None
+        except RecursionError:
+            manifest = None
+        if manifest is None or not _depth_ok(manifest, MANIFEST_MAX_DEPTH):
+            raise BundleError(f"{p}: manifest nests deeper than {MANIFEST_MAX_DEPTH} levels (not one npu-deploy "
+                              "writes)", hint="re-convert the model")
         if not isinstance(manifest, dict):
             raise BundleError(f"{p}: manifest is not a JSON object")
         if manifest.get("schema") != MANIFEST_SCHEMA:
@@ -752,6 +843,7 @@ def read_bundle(path: str | os.PathLike, *, verify: bool = True, check: bool = T
             try:
                 validate_manifest(manifest)
                 check_self_contained(graph)
+                check_graph(graph, manifest)
             except BundleError as e:
                 raise BundleError(f"{p}: {e.message}", hint=e.hint) from None
 

@@ -23,6 +23,7 @@ in ``mapping.csv`` (rows: new name, original name). :func:`dump_run_folder` buil
 from __future__ import annotations
 
 import csv
+import functools
 import io
 import math
 import os
@@ -324,14 +325,21 @@ def _where(path: Path, field: str) -> str:
     return f"{path}: dump field {field}"
 
 
+@functools.lru_cache(maxsize=256)
+def _format_word(value: int) -> tuple[str, int]:
+    """(format name, sub-format) of a format word: a dump repeats a few words over thousands of tensors."""
+    fw = formats.decode_format_word(value)
+    return fw.format.name, fw.sub_format
+
+
 def _enum_format(path: Path, field: str, value: int, sub_format: int) -> tuple[str, int]:
     try:
-        fw = formats.decode_format_word(int(value))
+        name, word_sub = _format_word(int(value))
     except FormatError as e:
         raise DumpError(f"{_where(path, field)}: {e.message}",
                         hint="the file is damaged or from a newer CANN; known formats are listed in "
                              "../shared/reference/accuracy-debug.md") from None
-    return fw.format.name, int(sub_format) or fw.sub_format
+    return name, int(sub_format) or word_sub
 
 
 def _enum_dtype(path: Path, field: str, value: int) -> np.dtype:
@@ -345,12 +353,14 @@ def _enum_dtype(path: Path, field: str, value: int) -> np.dtype:
 
 
 def _dims(path: Path, field: str, shape_msg: Any) -> tuple[int, ...]:
-    dims = tuple(int(d) for d in shape_msg.dim)
+    dims = tuple(shape_msg.dim)  # protobuf uint64: already Python ints
     if len(dims) > _MAX_RANK:
         raise DumpError(f"{_where(path, field)}: rank {len(dims)} (at most {_MAX_RANK})",
                         hint="the file is damaged")
-    for d in dims:
-        if d >= _MAX_DIM:
+    if dims and max(dims) >= _MAX_DIM:
+        for d in dims:
+            if d < _MAX_DIM:
+                continue
             shown = d - (1 << 64) if d >= 1 << 63 else d
             raise DumpError(f"{_where(path, field)}: dimension {shown} is out of range",
                             hint="the file is damaged")

@@ -202,8 +202,13 @@ def load_model(path: str | os.PathLike, *, input_shapes: Mapping[str, Sequence[i
         raise ModelError(f"{p}: no such file", hint="check the model path")
     if p.is_dir():
         raise ModelError(f"{p}: is a folder, not an ONNX file")
+    if not p.is_file():  # /dev/zero, a FIFO: a read that never ends
+        raise ModelError(f"{p}: is not a regular file (a device, pipe or socket)", hint="give an .onnx file")
     try:
-        model = onnx.load(str(p), load_external_data=False)
+        with open(p, "rb") as f:  # our own read: onnx's open refuses a non-UTF-8 file name
+            model = onnx.load_model_from_string(f.read())
+    except OSError as e:
+        raise ModelError(f"{p}: cannot read ({e.strerror})") from None
     except Exception as e:  # protobuf DecodeError, or onnx's own errors
         raise ModelError(f"{p}: not an ONNX model (protobuf parse failed: {str(e).splitlines()[0][:120]})",
                          hint="check the file is a complete .onnx export") from None
@@ -213,6 +218,7 @@ def load_model(path: str | os.PathLike, *, input_shapes: Mapping[str, Sequence[i
     _check_external(model, p)
     inlined = _inline_small_external(model, p)
     _check_structure(model.graph, p)
+    check_initializer_sizes(model.graph, p)
     if out_nodes or output_type:  # ATC's --out_nodes / --output_type: the same graph for both backends
         from npu_deploy.converters.files.output_edit import edit_outputs
 
@@ -488,6 +494,37 @@ def _first_line(e: BaseException) -> str:
     """The error text as one line (checker messages span several lines), at most 300 characters."""
     text = " ".join(t.strip() for t in str(e).strip().splitlines() if t.strip()) or type(e).__name__
     return text[:300]
+
+
+_TYPED_FIELD = {onnx.TensorProto.FLOAT: "float_data", onnx.TensorProto.DOUBLE: "double_data",
+                onnx.TensorProto.INT64: "int64_data", onnx.TensorProto.UINT64: "uint64_data",
+                onnx.TensorProto.INT32: "int32_data", onnx.TensorProto.FLOAT16: "int32_data",
+                onnx.TensorProto.BFLOAT16: "int32_data", onnx.TensorProto.INT8: "int32_data",
+                onnx.TensorProto.UINT8: "int32_data", onnx.TensorProto.INT16: "int32_data",
+                onnx.TensorProto.UINT16: "int32_data", onnx.TensorProto.BOOL: "int32_data",
+                onnx.TensorProto.UINT32: "uint64_data"}
+
+
+def check_initializer_sizes(graph: onnx.GraphProto, p: Path) -> None:
+    """Every inline initializer holds as many values as its dims say (``onnx.checker`` does not check
+    it; numpy's reshape would fail later with "cannot reshape array"). Sub-byte and string types are
+    left to their readers; external data is checked where it is read."""
+    for t in graph.initializer:
+        if t.data_location == onnx.TensorProto.EXTERNAL or t.data_type not in _TYPED_FIELD:
+            continue
+        want = 1
+        for d in t.dims:
+            want *= int(d)
+        if t.raw_data:
+            item = _np_dtype(t.data_type).itemsize
+            have, unit = len(t.raw_data) / item, f"{len(t.raw_data)} bytes of raw data"
+        else:
+            have = len(getattr(t, _TYPED_FIELD[t.data_type]))
+            unit = f"{have} values"
+        if have != want and not (want == 0 and have == 0):
+            dims = ",".join(str(int(d)) for d in t.dims)
+            raise ModelError(f"{p.name}: initializer {t.name!r} has dims [{dims}] ({want} values) but holds {unit}",
+                             hint="fix the export: the tensor's dims and data disagree")
 
 
 def _check_structure(graph: onnx.GraphProto, p: Path) -> None:

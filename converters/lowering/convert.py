@@ -158,7 +158,8 @@ def _convert(src: Path, output, o: ConvertOptions, *, report, progress) -> Conve
     _io.check_dest(out)
     if report is not None:
         _io.check_dest(report)
-    _io.refuse_overwriting([("the output", out), ("--report", report)], [("model being converted", src)])
+    _io.refuse_overwriting([("the output", out), ("--report", report)], [("model being converted", src),
+                        ("--insert-op-conf file", o.insert_op_conf)])
     support_d = {"verdict": support.verdict(), "counts": support.counts(),
                  "ai_cpu_nodes": [n.name for n in support.nodes if n.engine == "AI CPU" and not n.folded]}
 

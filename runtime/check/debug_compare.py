@@ -30,6 +30,10 @@ tensor, the usual msaccucmp mark, and 0.9999 for float32), it has no NaN/Inf the
 and, when ``atol``/``rtol`` are given, at most ``max_outside`` of its elements lie outside
 ``|d - g| <= atol + rtol * |g|``. Integer and boolean tensors must be equal.
 
+Dumps of another model are refused (exit 2, "dumps and model do not match") rather than judged: at
+least half of the dumped compute tensors (TransData/Cast and the graph inputs aside) must map to a tensor
+of the model, and at least one must (:func:`_check_dumps_match`).
+
 The result (:class:`DebugCompareResult`, schema ``npu-deploy/debug-compare``) renders as a terminal
 table (worst first), a CSV with msaccucmp's column names (:meth:`~DebugCompareResult.write_csv`) and a
 self-contained HTML page with a per-layer error chart (:meth:`~DebugCompareResult.write_html`).
@@ -614,6 +618,7 @@ def debug_compare(model: str | os.PathLike | onnx.ModelProto, dumps: Any, *,
     keyed.sort(key=lambda kv: kv[0])
     rows = [r for _, r in keyed]
     times["metrics"] = time.perf_counter() - t
+    _check_dumps_match(rows, [dt for dt, (row, _) in zip(tensors, mapped) if row is None], m, label, model)
 
     t = time.perf_counter()
     if isolate:
@@ -636,6 +641,31 @@ def debug_compare(model: str | os.PathLike | onnx.ModelProto, dumps: Any, *,
                               max_outside=float(max_outside or 0.0), rows=rows,
                               first_divergent=as_dict(first_bad), first_nan_inf=as_dict(first_naninf),
                               unmatched=unmatched, notes=notes, seconds={k: round(v, 4) for k, v in times.items()})
+
+
+#: the share of the dumped compute tensors (not TransData/Cast, not the graph inputs) that must map to
+#: a tensor of the model for the comparison to be of this model at all
+MIN_MAPPED_SHARE = 0.5
+
+
+def _check_dumps_match(rows: list[TensorRow], unmapped: list[DeviceTensor], model: onnx.ModelProto, label: str,
+                       name: Any) -> None:
+    """Refuse (exit 2) dumps that are not of this model: fewer than :data:`MIN_MAPPED_SHARE` of the dumped
+    compute tensors map to one of its tensors, or none beyond the graph inputs (which the dump supplies
+    itself, so they always match). Without it, dumps of another model sharing an input name PASS on the
+    one tensor compared: the input."""
+    graph_inputs = {i.name for i in model.graph.input}
+    mapped = [r for r in rows if not r.device_only and r.tensor not in graph_inputs]
+    lost = [d for d in unmapped if d.op_type not in DEVICE_ONLY_TYPES]
+    total = len(mapped) + len(lost)
+    if total == 0:
+        return  # only inputs and layout ops were dumped: nothing claims to be a compute op
+    if not mapped or len(mapped) < MIN_MAPPED_SHARE * total:
+        shown = printable(str(name)) if not isinstance(name, onnx.ModelProto) else "the model"
+        raise InputError(f"dumps and model do not match: {len(mapped)} of the {total} dumped compute tensors in "
+                         f"{label} map to a tensor of {shown} (at least half must, beyond the inputs)",
+                         hint="compare the dumps with the ONNX model they were taken from (the one the bundle "
+                              "or .om was converted from)")
 
 
 def _resolve_inputs(inputs: Any, dumps: Any) -> dict[str, np.ndarray]:

@@ -163,6 +163,9 @@ def detect_kind(path: str | os.PathLike) -> str:
         raise InputError(f"{p}: no such file", hint="check the path")
     if p.is_dir():
         raise InputError(f"{p}: is a folder", hint="give a model file (.onnx, bundle or .om)")
+    if not p.is_file():  # a device (/dev/zero), a FIFO, a socket: endless or blocking reads
+        raise InputError(f"{p}: is not a regular file (a device, pipe or socket)",
+                         hint="give a model file (.onnx, bundle or .om)")
     try:
         with open(p, "rb") as f:
             head = f.read(16)
@@ -315,8 +318,12 @@ def _inspect_onnx(path: Path, *, soc: str | None, ops: bool, layers: bool,
                   precision_mode: str | None) -> InspectReport:
     import onnx
     from google.protobuf.message import DecodeError
+
+    from npu_deploy.converters.files.onnx_model import check_initializer_sizes  # imports onnx, as above
     try:
-        model = onnx.load(str(path), load_external_data=False)
+        # the bytes read here, bounded by the file's size (a non-UTF-8 file name defeats onnx's own open)
+        with open(path, "rb") as f:
+            model = onnx.load_model_from_string(f.read(path.stat().st_size))
     except (DecodeError, ValueError, RuntimeError, UnicodeDecodeError) as e:
         raise ModelError(f"{path}: not an ONNX model, offline bundle or .om ({type(e).__name__})",
                          hint="inspect reads .onnx models, npu-deploy bundles and ATC .om files") from None
@@ -328,6 +335,10 @@ def _inspect_onnx(path: Path, *, soc: str | None, ops: bool, layers: bool,
     g = model.graph
     problems: list[str] = []
     notes: list[str] = []
+    try:  # what convert would refuse at load (onnx.checker passes it)
+        check_initializer_sizes(g, path)
+    except ModelError as e:
+        problems.append(e.message)
     init_names = {t.name for t in g.initializer}
     inputs = [_value_info(vi) for vi in g.input if vi.name not in init_names]
     outputs = [_value_info(vi) for vi in g.output]
@@ -463,7 +474,7 @@ def _bundle_tensor(t: Any) -> dict:
 
 
 def _inspect_bundle(path: Path, *, ops: bool, layers: bool, verify: bool) -> InspectReport:
-    from npu_deploy.converters.files.bundle import check_self_contained, read_bundle, validate_manifest
+    from npu_deploy.converters.files.bundle import check_graph, check_self_contained, read_bundle, validate_manifest
 
     problems: list[str] = []
     notes: list[str] = []
@@ -504,7 +515,9 @@ def _inspect_bundle(path: Path, *, ops: bool, layers: bool, verify: bool) -> Ins
     for name, run in (("self-contained (no external data, functions or foreign op domains)",
                        lambda: check_self_contained(graph)),
                       ("manifest fields have the types and ranges the runtime reads",
-                       lambda: validate_manifest(m))):
+                       lambda: validate_manifest(m)),
+                      ("graph and manifest agree (element types, producers, dtypes, sizes)",
+                       lambda: check_graph(graph, m))):
         try:
             run()
             check(name, True)
@@ -639,8 +652,12 @@ def _inspect_om(path: Path, *, ops: bool, layers: bool) -> InspectReport:
                          problems=[], notes=list(om.notes), om=info)
 
 
+_DTYPE_NAME: dict = {}  # numpy's dtype.name is slow, and a dump repeats one dtype over thousands of tensors
+
+
 def _dump_tensor(name: str, t: dumpfile.DumpTensor, output: bool) -> dict:
-    e = {"name": name, "dtype": t.dtype.name, "format": t.format, "shape": list(t.shape),
+    dname = _DTYPE_NAME.get(t.dtype) or _DTYPE_NAME.setdefault(t.dtype, t.dtype.name)
+    e = {"name": name, "dtype": dname, "format": t.format, "shape": list(t.shape),
          "original_shape": list(t.original_shape), "sub_format": t.sub_format, "bytes": int(t.data.nbytes)}
     if output:
         e.update(original_name=t.original_name, original_index=t.original_index,

@@ -135,7 +135,7 @@ def test_folder_of_captures_gives_one_verdict_each_and_fails_on_any(tmp_path, ru
     assert lines[-1].endswith("FLAGGED (1 of 2 above; highest rank_1_ascend_pt 26.0 %)")
     code, _out, _err = run_cli("profile", "analyze", tmp_path)
     assert code == 0
-    js = tmp_path / "r.json"
+    js = tmp_path.parent / f"{tmp_path.name}-r.json"  # not inside the folder read (refused: issue 23)
     run_cli("profile", "analyze", tmp_path, "--json", js)
     back = ProfileReport.load(json.loads(js.read_text()))
     assert [x.flagged for x in back.devices] == [False, True] and not back

@@ -23,6 +23,7 @@ from npu_deploy.distributed import BatchResult, run_batch  # noqa: E402
 from npu_deploy.errors import ExternalError, InputError, ModelError  # noqa: E402
 from npu_deploy import _ray as R  # noqa: E402
 from npu_deploy.runtime import distributed as D  # noqa: E402
+from npu_deploy.runtime.distributed import _driver, _results, _ring, _samples as S  # noqa: E402
 from tests.fullfs import full_fs  # noqa: E402,F401  (fixture)
 
 NPUS = 2
@@ -141,11 +142,11 @@ def test_a_folder_gives_the_same_files_whether_the_actors_share_the_file_system_
     np.save(src / "s005.npy", np.zeros((2, 8), np.float32))        # fails in the run
     # actors on this host read the samples and write the outputs: the driver does neither
     with monkeypatch.context() as m:
-        m.setattr(D, "_feeds_from_file", _refuse("the driver read a sample"))
+        m.setattr(S, "_feeds_from_file", _refuse("the driver read a sample"))
         m.setattr(D._Writer, "write", _refuse("the driver wrote an output"))
         shared = run_batch(tiny, src, npus=NPUS, output=tmp_path / "shared", progress=False)
     # actors that do not see these files (another host): the driver reads and writes, through Ray
-    monkeypatch.setattr(D, "_shares_files", lambda ray, infos, probes, address: [False] * len(infos))
+    monkeypatch.setattr(_driver, "_shares_files", lambda ray, infos, probes, address: [False] * len(infos))
     apart = run_batch(tiny, src, npus=NPUS, output=tmp_path / "apart", progress=False)
     assert [f.id for f in shared.failures] == ["a.npy", "s005.npy"]
     assert [(f.id, f.error) for f in shared.failures] == [(f.id, f.error) for f in apart.failures]
@@ -161,8 +162,22 @@ def test_a_folder_gives_the_same_files_whether_the_actors_share_the_file_system_
     assert shared.ok == apart.ok == 40 and sum(w.samples for w in shared.workers) == 40
 
 
+_OUR_RINGS: set[str] = set()  # names of the segments the driver's _Ring created in this process
+_real_ring_init = _ring._Ring.__init__
+
+
+def _recording_ring_init(self, *args, **kwargs):
+    _real_ring_init(self, *args, **kwargs)
+    _OUR_RINGS.add(self.name.lstrip("/"))
+
+
+_ring._Ring.__init__ = _recording_ring_init
+
+
 def _shm_segments():
-    return set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
+    """The driver's shared memory segments still in /dev/shm (on a shared machine other processes'
+    segments come and go on their own)."""
+    return {n for n in os.listdir("/dev/shm") if n in _OUR_RINGS} if os.path.isdir("/dev/shm") else set()
 
 
 def test_samples_in_shared_memory_and_through_ray_give_the_same_results(cluster, tiny, monkeypatch):
@@ -213,7 +228,7 @@ def test_an_actor_that_cannot_see_the_shared_memory_gets_the_arrays_through_ray(
 def test_no_shared_memory_where_dev_shm_is_too_small(monkeypatch):
     class Small:
         f_bavail, f_frsize = 100, 4096  # 400 KB free, as in a container with a tiny /dev/shm
-    monkeypatch.setattr(D.os, "statvfs", lambda path: Small())
+    monkeypatch.setattr(_ring.os, "statvfs", lambda path: Small())
     assert D._Ring.for_samples(600, 110_592) is None
     monkeypatch.undo()
     if os.path.isdir("/dev/shm") and os.statvfs("/dev/shm").f_bavail * os.statvfs("/dev/shm").f_frsize > 64 << 20:
@@ -351,7 +366,7 @@ def test_cli_run_npus_writes_one_file_per_sample(cluster, tiny, tmp_path, run_cl
     code, stdout, stderr = run_cli("run", tiny, "--input-dir", src, "--output", out, "--npus", "2",
                                    "--json", tmp_path / "batch.json")
     assert code == 0, stderr
-    assert "6 samples on 2 NPUs" in stdout.strip().splitlines()[-1]
+    assert "6 samples on 2 NPUs (3/3)" in stdout.strip().splitlines()[-1]
     ref = _single_session(tiny, xs)
     for i in range(6):
         np.testing.assert_array_equal(np.load(out / f"{i}.npy"), ref[i])
@@ -421,7 +436,7 @@ def test_latency_summary_is_exact_where_it_can_be_and_bounded_in_memory(monkeypa
     got = full.stats()
     for f in ("count", "min_ms", "max_ms", "p50_ms", "p99_ms"):
         assert getattr(got, f) == pytest.approx(getattr(want, f)), f
-    monkeypatch.setattr(D, "LATENCY_SAMPLE", 500)
+    monkeypatch.setattr(_results, "LATENCY_SAMPLE", 500)
     small = D._Latencies(seed=0)
     for x in xs:
         small.add(x)
@@ -499,7 +514,7 @@ def test_a_full_output_disk_stops_the_run_with_one_exit_3_error_and_no_partial_f
     if shared:
         monkeypatch.setattr(D._Writer, "write", _refuse("the driver wrote an output"))
     else:
-        monkeypatch.setattr(D, "_shares_files", lambda ray, infos, probes, address: [False] * len(infos))
+        monkeypatch.setattr(_driver, "_shares_files", lambda ray, infos, probes, address: [False] * len(infos))
     before = sorted(p.name for p in full_fs.iterdir())
     with pytest.raises(OutputError, match="No space left on device") as ei:
         run_batch(tiny, src, npus=NPUS, output=full_fs, progress=False)
@@ -507,8 +522,17 @@ def test_a_full_output_disk_stops_the_run_with_one_exit_3_error_and_no_partial_f
     assert sorted(p.name for p in full_fs.iterdir()) == before  # not one .npy, not one .part
 
 
-# last in the module: after a row raised, Ray Data 2.60 keeps one actor of the pool, and its NPU, until
-# the driver ends (here: the module's cluster shuts down)
+def test_two_npus_share_even_a_small_batch_and_the_split_is_reported(cluster, tiny):
+    xs = _samples(16, seed=9)
+    r = run_batch(tiny, xs, npus=NPUS, progress=False)
+    assert r and [w.samples for w in r.workers] == [8, 8], r.table()
+    assert "16 samples on 2 NPUs (8/8)" in r.verdict()
+    r = run_batch(tiny, _samples(200, seed=10), npus=NPUS, progress=False)
+    assert sorted(w.samples for w in r.workers) == [100, 100], r.table()
+
+
+# last of the tests on the module's cluster: after a row raised, Ray Data 2.60 keeps one actor of the
+# pool, and its NPU, until the driver ends (the tests below start no actor there, or their own Ray)
 def test_ray_data_map_batches_runs_the_model_row_by_row(cluster, tiny):
     rd = pytest.importorskip("ray.data", reason="needs Ray Data: pip install -e '.[ray]'")
     from npu_deploy.distributed import NpuPredictor
@@ -531,3 +555,102 @@ def test_ray_data_map_batches_runs_the_model_row_by_row(cluster, tiny):
     two = rd.from_items([{"image": x, "id": i} for i, x in enumerate(xs[:4])])
     with pytest.raises(Exception, match=r"model input 'x': no column 'x' in the batch"):
         two.map_batches(NpuPredictor, fn_constructor_kwargs={"model": str(tiny)}, **kw).take_all()
+
+
+# ------------------------------------------------------------------------------------------ issue 23
+def test_an_impossible_request_is_refused_before_ray_starts(tiny, tmp_path, run_cli):
+    """--npus 100000 over an empty folder, then over a real one: one exit-2 line within seconds, and
+    no Ray started for it (the report: 61 workers and 4.9 GB of raylet after 200 s, no error)."""
+    was_running = ray.is_initialized()
+    empty = tmp_path / "in"
+    empty.mkdir()
+    t0 = time.monotonic()
+    code, _, err = run_cli("run", tiny, "--npus", "100000", "--input-dir", empty, "--output", tmp_path / "out")
+    assert code == 2 and "no .npy or .npz" in err and len(err.strip().splitlines()) == 1, err
+    np.save(empty / "a.npy", _samples(1, seed=1)[0])
+    code, _, err = run_cli("run", tiny, "--npus", "100000", "--input-dir", empty, "--output", tmp_path / "out")
+    # no Ray yet: the local bound; the module's cluster already running here: the NPUs it declares
+    want = "has 2 NPUs" if was_running else "runs at most"
+    assert code == 2 and want in err and len(err.strip().splitlines()) == 1, err
+    assert time.monotonic() - t0 < 10
+    assert ray.is_initialized() == was_running and not (tmp_path / "out").exists()
+
+
+def _cli(*args, env=None):
+    import subprocess
+    import sys
+
+    code = "import sys; from npu_deploy.cli.main import main; sys.exit(main(sys.argv[1:]))"
+    return subprocess.Popen([sys.executable, "-c", code, *map(str, args)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env)
+
+
+def _ray_env(tmp):
+    """Ray's files (and so its processes' command lines) under a folder of this test's own."""
+    import tempfile
+
+    d = tempfile.mkdtemp(prefix="rt", dir="/tmp")  # short: Ray's socket paths must fit 107 bytes
+    env = dict(os.environ, RAY_TMPDIR=d, NPU_DEPLOY_RAY_START_TIMEOUT="300")
+    env.pop("RAY_ADDRESS", None)
+    return d, env
+
+
+def _left_behind(procs, ray_dir, wait_s=20.0):
+    import psutil
+
+    deadline = time.monotonic() + wait_s
+    while True:
+        alive = [p for p in procs if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+        tagged = []
+        for p in psutil.process_iter(["cmdline"]):
+            with __import__("contextlib").suppress(Exception):
+                if any(ray_dir in a for a in p.info["cmdline"] or ()):
+                    tagged.append(p)
+        if not alive and not tagged or time.monotonic() > deadline:
+            return alive + tagged
+        time.sleep(0.5)
+
+
+@pytest.mark.slow
+def test_sigterm_during_a_ray_run_is_143_one_line_nothing_left(tiny, tmp_path):
+    import psutil
+    import signal
+
+    src, out = tmp_path / "in", tmp_path / "out"
+    src.mkdir()
+    for i, x in enumerate(_samples(3000, seed=11)):
+        np.save(src / f"{i:05d}.npy", x)
+    ray_dir, env = _ray_env(tmp_path)
+    proc = _cli("run", tiny, "--input-dir", src, "--npus", "2", "--output", out, env=env)
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline and proc.poll() is None:
+        if out.is_dir() and sum(1 for _ in out.iterdir()) > 5:  # the actors are writing
+            break
+        time.sleep(0.2)
+    assert proc.poll() is None, proc.communicate()
+    family = psutil.Process(proc.pid).children(recursive=True)
+    assert family  # Ray's GCS, raylet and workers
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 143, err
+    assert err.strip().splitlines() == ["npu-deploy: interrupted (SIGTERM); no partial output left"], err
+    assert not out.exists()
+    assert not _left_behind(family, ray_dir)
+
+
+@pytest.mark.slow
+def test_a_slow_ray_start_is_one_exit_3_line_naming_the_option(tiny, tmp_path):
+    src = tmp_path / "in"
+    src.mkdir()
+    np.save(src / "a.npy", _samples(1, seed=12)[0])
+    ray_dir, env = _ray_env(tmp_path)
+    t0 = time.monotonic()
+    proc = _cli("run", tiny, "--input-dir", src, "--npus", "2", "--output", tmp_path / "out",
+                "--ray-start-timeout", "0.2", env=env)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 3, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "did not start within 0.2 s" in lines[0] and "--ray-start-timeout" in lines[0], err
+    assert time.monotonic() - t0 < 60
+    assert not (tmp_path / "out").exists()
+    assert not _left_behind([], ray_dir)
