@@ -34,6 +34,11 @@ SHARED_DATA_REASON = "needs ../shared/data (not beside this clone)"
 if str(REPO) not in sys.path:
     sys.path.append(str(REPO))
 
+# How long a test waits for a subprocess, a cluster or an event before it calls the wait a hang. No
+# verdict depends on it on a working machine, however loaded (tests wait for events, not for time);
+# raise it where even a hang-free run is slower (NPU_DEPLOY_TEST_TIMEOUT=1800).
+TEST_TIMEOUT = float(os.environ.get("NPU_DEPLOY_TEST_TIMEOUT", "600"))
+
 
 def pytest_collection_modifyitems(config, items):
     """Skip the ``shared_data`` tests where ``../shared/data`` is not beside the repository."""

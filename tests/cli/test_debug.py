@@ -14,6 +14,7 @@ import onnx
 import pytest
 
 from npu_deploy.converters.files import dump as dumpfmt
+from tests.conftest import TEST_TIMEOUT
 
 LIGHT = Path(onnx.__file__).parent / "backend" / "test" / "data" / "light"
 SQUEEZENET = LIGHT / "light_squeezenet.onnx"
@@ -96,13 +97,30 @@ def test_precision_cfg_is_taken_by_convert_and_passes_compare(run_cli, tmp_path)
     assert code == 0, out + err
 
 
+# The real CLI, with its fourth evaluation held until the test's Ctrl-C arrives: the signal lands
+# mid-search however fast or loaded the machine is (a search that finished first would exit 0, not 130).
+_HOLD_FOURTH_EVALUATION = """
+import sys, time
+from npu_deploy.runtime.check import precision
+real, calls = precision.PrecisionSearch._run, []
+def held(self, keep):
+    calls.append(keep)
+    if len(calls) == 4:
+        time.sleep(3600)  # interrupted by the test's SIGINT
+    return real(self, keep)
+precision.PrecisionSearch._run = held
+from npu_deploy.cli.main import main
+main()
+"""
+
+
 def test_precision_ctrl_c_prints_what_it_has_and_keeps_the_checkpoint(tmp_path):
     cfg = tmp_path / "keep.cfg"
-    proc = subprocess.Popen([sys.executable, "-m", "npu_deploy.cli.main", "debug", "precision", str(SQUEEZENET),
+    proc = subprocess.Popen([sys.executable, "-c", _HOLD_FOURTH_EVALUATION, "debug", "precision", str(SQUEEZENET),
                              "-o", str(cfg), "--progress"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, cwd=tmp_path)
     lines = []
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + TEST_TIMEOUT
     while time.monotonic() < deadline:
         line = proc.stderr.readline()
         if not line:
@@ -111,7 +129,7 @@ def test_precision_ctrl_c_prints_what_it_has_and_keeps_the_checkpoint(tmp_path):
         if line.startswith("[3]"):
             proc.send_signal(signal.SIGINT)
             break
-    out, rest = proc.communicate(timeout=120)
+    out, rest = proc.communicate(timeout=TEST_TIMEOUT)
     err = "".join(lines) + rest
     assert proc.returncode == 130, err
     assert "keep in float32" in out                      # what it had when stopped
