@@ -37,6 +37,7 @@ def cls_run(real_model, tmp_path_factory):
 
 
 @pytest.mark.realmodel
+@pytest.mark.slow
 def test_compare_run_dump_passes_and_writes_every_report(cls_run, run_cli, tmp_path):
     src, bundle, d = cls_run
     code, out, err = run_cli("debug", "compare", src, d / "dumps", "--bundle", bundle, "--input", f"x={d / 'x.npy'}",
@@ -82,6 +83,7 @@ def test_bad_dump_folders_are_one_line_exit_2(run_cli, tmp_path, example_onnx):
     assert "Conv.conv1.1.0.1700000000000000" in cases[1][2]    # the damaged file is named
 
 
+@pytest.mark.slow
 def test_precision_cfg_is_taken_by_convert_and_passes_compare(run_cli, tmp_path):
     cfg = tmp_path / "keep_dtype.cfg"
     code, out, err = run_cli("debug", "precision", SQUEEZENET, "-o", cfg, "--json", tmp_path / "p.json")

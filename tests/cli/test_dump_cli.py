@@ -60,6 +60,7 @@ def run_cli_module():
 
 
 @pytest.mark.realmodel
+@pytest.mark.slow
 def test_run_dump_writes_every_executed_op_in_the_acl_layout(cls_run):
     model, bundle, x, tmp, out = cls_run
     folders = dump.find_dump_folders(tmp / "dumps")

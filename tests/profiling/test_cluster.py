@@ -117,6 +117,7 @@ def test_cluster_folder_detection(cluster_dir, tmp_path_factory):
     assert [r.compute_us for r in rep.analysed()] == [pytest.approx(500.0)] * 2
 
 
+@pytest.mark.slow
 def test_cli_cluster_view(cluster_dir, run_cli, tmp_path_factory):
     out = tmp_path_factory.mktemp("out")
     code, stdout, stderr = run_cli("profile", "analyze", cluster_dir, "--cluster", "--json", out / "c.json",

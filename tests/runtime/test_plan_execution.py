@@ -163,6 +163,7 @@ def _light_models():
 
 
 @pytest.mark.parametrize("path", _light_models(), ids=lambda p: p.stem)
+@pytest.mark.slow
 def test_onnx_wheel_light_cnns_run_through_the_plan(path, tmp_path):
     """The onnx wheel's light_* CNNs (IR 3 graphs with unused initializers among them): converted,
     the plan executed, every planned TransData run, outputs match onnxruntime on the original."""
@@ -193,6 +194,7 @@ def test_zero_d_initializers_keep_their_rank(tmp_path):
     np.testing.assert_array_equal(y, x[:, 2].astype(np.float16).astype(np.float32))
 
 
+@pytest.mark.slow
 def test_layernorm_without_bias_runs(tmp_path):
     """onnxruntime 1.32 could die with SIGSEGV on a LayerNormalization without its optional bias once
     the scale lives in the weight blob: the emulator gives it the zero bias the op defines. Run in a
@@ -232,6 +234,7 @@ def test_internal_sequences_pass_between_ops(name, tmp_path):
 
 
 @pytest.mark.realmodel
+@pytest.mark.slow
 def test_plan_inside_if_bodies_is_executed(real_model, tmp_path):
     """silero-vad 6.2.3 keeps the whole network inside If branches on the sample rate: the TransData
     planned inside the bodies run there, and dropping one of them breaks the numbers."""

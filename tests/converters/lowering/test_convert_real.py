@@ -60,6 +60,7 @@ def _feeds(sess, shapes):
 
 
 @pytest.mark.parametrize("name", list(SHAPES))
+@pytest.mark.slow
 def test_plan_covers_every_node(converted, real_model, name):
     loaded, p, path = converted[name]
     original = onnx.load(str(real_model(name)), load_external_data=False)
@@ -195,6 +196,7 @@ def test_bundle_round_trips_and_runs_like_the_original(converted, real_model, na
         np.testing.assert_allclose(c, a, rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_dynamic_batch_and_fp16(real_model, tmp_path):
     """MiniLM with batch gears through the public API, force_fp16: weights stored as float16."""
     src = real_model("minilm")

@@ -201,6 +201,7 @@ def test_reseal_helper_round_trips(bundle_path):
 
 
 @pytest.mark.realmodel
+@pytest.mark.slow
 def test_inspect_counts_nodes_as_convert_does(real_model, tmp_path):
     """MiniLM folds its shape computations at compile time: convert and inspect of its bundle must give
     the same node count (they gave 122 and 354)."""
