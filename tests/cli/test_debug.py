@@ -53,6 +53,7 @@ def test_compare_run_dump_passes_and_writes_every_report(cls_run, run_cli, tmp_p
 
 
 @pytest.mark.realmodel
+@pytest.mark.slow
 def test_compare_beyond_tolerance_exits_1_naming_the_first_divergent_node(cls_run, run_cli):
     src, bundle, d = cls_run
     code, out, err = run_cli("debug", "compare", src, d / "dumps", "--bundle", bundle, "--input", f"x={d / 'x.npy'}",
@@ -116,6 +117,7 @@ main()
 """
 
 
+@pytest.mark.slow
 def test_precision_ctrl_c_prints_what_it_has_and_keeps_the_checkpoint(tmp_path):
     cfg = tmp_path / "keep.cfg"
     proc = subprocess.Popen([sys.executable, "-c", _HOLD_FOURTH_EVALUATION, "debug", "precision", str(SQUEEZENET),
@@ -142,6 +144,7 @@ def test_precision_ctrl_c_prints_what_it_has_and_keeps_the_checkpoint(tmp_path):
     assert "Traceback" not in err
 
 
+@pytest.mark.slow
 def test_docs_workflow_runs_as_written(run_cli, tmp_path, monkeypatch):
     """docs/debug.md's console block, command by command, through the real entry point."""
     from tests.conftest import REPO, write_example

@@ -77,6 +77,7 @@ def test_per_rank_verdicts_slowest_rank_and_transdata_spread(cluster_dir):
     assert "2 skipped" in rep.verdict()
 
 
+@pytest.mark.slow
 def test_one_worker_and_many_give_the_same_view(cluster_dir):
     a = analyze_cluster(cluster_dir, workers=1).to_dict()
     b = analyze_cluster(cluster_dir, workers=3).to_dict()

@@ -90,6 +90,7 @@ def test_convert_refuses_cleanly_or_matches(baseline):
     assert sum(o.passed for o in ours if o.name in in_range) >= 600  # measured 605
 
 
+@pytest.mark.slow
 def test_plugs_into_onnx_backend_test():
     import unittest
 

@@ -43,6 +43,7 @@ def cls_bundle(real_model, tmp_path_factory):
 
 
 @pytest.mark.realmodel
+@pytest.mark.slow
 def test_the_plan_is_what_runs(cls_bundle):
     model, bundle, feeds = cls_bundle
     assert compare(model, bundle, inputs=feeds)

@@ -70,6 +70,7 @@ def test_fp16_cosine(real_model, tmp_path, name):
 
 
 @pytest.mark.realmodel
+@pytest.mark.slow
 def test_dynamic_batch_gears_real_model(real_model, tmp_path):
     import onnxruntime as ort
 

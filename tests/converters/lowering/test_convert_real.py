@@ -73,6 +73,7 @@ def test_plan_covers_every_node(converted, real_model, name):
 
 
 @pytest.mark.parametrize("name", list(SHAPES))
+@pytest.mark.slow
 def test_edge_formats_agree_after_transdata(converted, name):
     loaded, p, _ = converted[name]
     same = lambda a, b: a == b or (a in PLAIN and b in PLAIN)  # noqa: E731
@@ -258,6 +259,7 @@ BEFORE_COUNTS = {"ppocr_det": (7, 7), "ppocr_rec": (26, 28), "ppocr_cls": (4, 6)
 
 
 @pytest.mark.parametrize("name", list(BEFORE_COUNTS))
+@pytest.mark.slow
 def test_transdata_counts_no_worse_than_before(real_model, name):
     loaded = load_model(real_model(name), input_shapes=SHAPES[name])
     for mode, before in zip(("force_fp16", "must_keep_origin_dtype"), BEFORE_COUNTS[name]):
@@ -266,6 +268,7 @@ def test_transdata_counts_no_worse_than_before(real_model, name):
         assert len(p.transdata) == p.report.transdata_count
 
 
+@pytest.mark.slow
 def test_minilm_s32_plans_like_atc(real_model):
     """MiniLM-L3 seq 32 (issue 9 target): <= 4 TransData and an estimated FormatTrans share under 8 %.
     The head split (Reshape [1,32,384]->[1,32,12,32] + Transpose), K^T and the head merge stay in

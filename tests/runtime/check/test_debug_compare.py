@@ -260,6 +260,7 @@ def test_real_model_first_divergent_agrees_with_independent_walk(cls_fp16):
 
 
 @pytest.mark.realmodel
+@pytest.mark.slow
 def test_real_model_perturbed_dump_is_the_first_divergence(cls_fp16, tmp_path):
     import shutil
 

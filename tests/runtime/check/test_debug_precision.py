@@ -51,6 +51,7 @@ def test_light_cnn_overflows_fp16_and_the_keep_list_fixes_it(squeezenet_result, 
     assert res.verdict().startswith("PASS") and f"{len(res.keep)} of {res.candidates}" in res.verdict()
 
 
+@pytest.mark.slow
 def test_greedy_prune_leaves_no_removable_op(squeezenet_result, tmp_path):
     keep = squeezenet_result.keep
     for k in sorted({0, len(keep) // 2, len(keep) - 1}):
@@ -58,6 +59,7 @@ def test_greedy_prune_leaves_no_removable_op(squeezenet_result, tmp_path):
         assert not compare_with_keep(tmp_path, SQUEEZENET, fewer, seed=0), f"{keep[k]} was removable"
 
 
+@pytest.mark.slow
 def test_trace_and_cfg_file(squeezenet_result, tmp_path):
     res = squeezenet_result
     phases = [t["phase"] for t in res.trace]
