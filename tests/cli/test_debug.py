@@ -102,8 +102,11 @@ def test_precision_cfg_is_taken_by_convert_and_passes_compare(run_cli, tmp_path)
 
 # The real CLI, with its fourth evaluation held until the test's Ctrl-C arrives: the signal lands
 # mid-search however fast or loaded the machine is (a search that finished first would exit 0, not 130).
+# SIGINT is set back to Python's default first, as in a terminal: a test run started in the background
+# (nohup, a CI job) ignores it, and the CLI rightly keeps an ignored SIGINT ignored.
 _HOLD_FOURTH_EVALUATION = """
-import sys, time
+import signal, sys, time
+signal.signal(signal.SIGINT, signal.default_int_handler)
 from npu_deploy.runtime.check import precision
 real, calls = precision.PrecisionSearch._run, []
 def held(self, keep):
@@ -133,7 +136,12 @@ def test_precision_ctrl_c_prints_what_it_has_and_keeps_the_checkpoint(tmp_path):
         if line.startswith("[3]"):
             proc.send_signal(signal.SIGINT)
             break
-    out, rest = proc.communicate(timeout=TEST_TIMEOUT)
+    try:
+        out, rest = proc.communicate(timeout=TEST_TIMEOUT)
+    finally:
+        if proc.poll() is None:  # a hang: leave no process behind
+            proc.kill()
+            proc.communicate()
     err = "".join(lines) + rest
     assert proc.returncode == 130, err
     assert "keep in float32" in out                      # what it had when stopped
