@@ -24,6 +24,7 @@ from npu_deploy.errors import ExternalError, InputError, ModelError  # noqa: E40
 from npu_deploy import _ray as R  # noqa: E402
 from npu_deploy.runtime import distributed as D  # noqa: E402
 from tests.fullfs import full_fs  # noqa: E402,F401  (fixture)
+from tests.conftest import TEST_TIMEOUT  # noqa: E402
 
 NPUS = 2
 STANDINS = Path(__file__).resolve().parents[1] / "standins"
@@ -499,7 +500,7 @@ def test_an_address_where_something_else_listens_fails_in_bounded_time_in_one_li
         env = dict(os.environ, NPU_DEPLOY_RAY_TIMEOUT="5")
         proc = subprocess.run([sys.executable, "-m", "npu_deploy.cli.main", "run", str(tiny), "--input-dir", str(src),
                                "--output", str(tmp_path / "out"), "--ray-address", f"127.0.0.1:{port}"],
-                              capture_output=True, text=True, env=env, timeout=120)
+                              capture_output=True, text=True, env=env, timeout=TEST_TIMEOUT)
     assert proc.returncode == 3, proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "not as Ray within 5 s" in lines[0], lines[:3]

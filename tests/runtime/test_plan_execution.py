@@ -17,6 +17,7 @@ import npu_deploy
 from npu_deploy.converters.files.bundle import WeightEntry, read_bundle, write_bundle
 from npu_deploy.runtime.check.compare import compare
 from npu_deploy.runtime.emulator import EmulatorBackend
+from tests.conftest import TEST_TIMEOUT
 
 SHAPE = {"x": (1, 3, 48, 192)}
 
@@ -211,7 +212,7 @@ def test_layernorm_without_bias_runs(tmp_path):
     code = ("import sys, npu_deploy; from npu_deploy.runtime.check.compare import compare;"
             f"npu_deploy.convert({str(path)!r}, output={str(tmp_path / 'ln.bundle')!r}, backend='builtin');"
             f"r = compare({str(path)!r}, {str(tmp_path / 'ln.bundle')!r}); print(r.verdict()); sys.exit(0 if r else 1)")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=TEST_TIMEOUT,
                           cwd=tmp_path)
     assert proc.returncode == 0, (proc.returncode, proc.stdout, proc.stderr[-2000:])
     assert "PASS" in proc.stdout
