@@ -12,8 +12,8 @@ from __future__ import annotations
 import click
 
 from npu_deploy._display import plural
-from npu_deploy.cli.options import (HabitCommand, apply, parse_input_shapes, parse_tolerances, parse_val_ranges,
-                                    per_output_tolerance_options, refuse_overwriting)
+from npu_deploy.cli.options import (HabitCommand, apply, input_shape_option, parse_input_shapes, parse_tolerances,
+                                    parse_val_ranges, per_output_tolerance_options, refuse_overwriting)
 from npu_deploy._text import printable
 from npu_deploy.errors import InputError
 
@@ -36,8 +36,7 @@ from npu_deploy.errors import InputError
 @click.option("--input", "inputs", multiple=True, metavar="NAME=FILE",
               help="An input (.npy, or raw .bin shaped by the model). Repeatable. Others are generated.")
 @click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True, help="Seed for generated inputs.")
-@click.option("--input-shape", default=None, metavar="NAME:DIMS;...",
-              help="Concrete shapes for dynamic inputs, e.g. 'x:1,3,640,640'.")
+@input_shape_option()
 @click.option("--save-inputs", type=click.Path(dir_okay=False), default=None,
               help="Save the inputs used to an .npz, to replay a failing case.")
 @click.option("--load-inputs", "--data-loader-npz", "load_inputs", type=click.Path(dir_okay=False), multiple=True,

@@ -16,9 +16,9 @@ import click
 
 from npu_deploy._text import printable
 from npu_deploy.cli.feedback import Stages, early, interactive
-from npu_deploy.cli.options import (HabitCommand, flag_from_01, parse_input_shapes, parse_int_list,
-                                    refuse_overwriting, soc_option)
-from npu_deploy.converters.lowering.options import ALL_INPUT_FORMATS, ALL_PRECISION_MODES, BACKENDS
+from npu_deploy.cli.options import (HabitCommand, flag_from_01, input_shape_option, parse_input_shapes, parse_int_list,
+                                    precision_mode_option, refuse_overwriting, soc_option)
+from npu_deploy.converters.lowering.options import ALL_INPUT_FORMATS, BACKENDS
 from npu_deploy.converters.lowering.preflight import needs_preflight
 from npu_deploy.errors import InputError, NpuDeployError
 
@@ -75,9 +75,8 @@ def _dims(text: str | None) -> list[tuple[int, ...]] | None:
               help="atc: CANN's compiler; builtin: npu-deploy's lowering to an offline bundle; "
                    "auto: ATC when found, else builtin.")
 @soc_option
-@click.option("--input-shape", "--input_shape", "input_shape", default=None, metavar='"x:1,3,224,224;y:1,128"',
-              help="Fix input shapes (ATC --input_shape); -1 marks a gear dimension, LOW~HIGH a shape range "
-                   "(ATC >= 8.5 spelling).")
+@input_shape_option("--input_shape", note="Fixes the model's input shapes; -1 marks a gear dimension, "
+                    "LOW~HIGH a shape range (ATC >= 8.5 spelling).")
 @click.option("--input-shape-range", "--input_shape_range", "input_shape_range", default=None,
               metavar='"x:[1~4,3,224,224]"', help="Shape ranges, ATC's older spelling (with -1 in --input-shape).")
 @click.option("--input-format", "--input_format", "input_format", type=click.Choice(ALL_INPUT_FORMATS), default=None,
@@ -88,10 +87,9 @@ def _dims(text: str | None) -> list[tuple[int, ...]] | None:
               help="Batch gears (ATC --dynamic_batch_size).")
 @click.option("--dynamic-dims", "--dynamic_dims", "dynamic_dims", default=None, metavar='"1,128;4,256"',
               help="Gears for the -1 dims of --input-shape (ATC --dynamic_dims).")
-@click.option("--precision-mode", "--precision_mode", "precision_mode", type=click.Choice(ALL_PRECISION_MODES), default=None,
-              help="ATC precision mode (default force_fp16). The built-in lowering implements force_fp16, "
-                   "allow_fp32_to_fp16, must_keep_origin_dtype and allow_mix_precision; the others are "
-                   "ATC's only.")
+@precision_mode_option("ATC precision mode (default force_fp16). The built-in lowering implements force_fp16, "
+                       "allow_fp32_to_fp16, must_keep_origin_dtype and allow_mix_precision; the others are "
+                       "ATC's only.")
 @click.option("--keep-dtype", "--keep_dtype", "keep_dtype", default=None, metavar="NODE,...|FILE",
               help="Nodes (or OpType::X) kept in float32, comma-separated, or ATC's --keep_dtype file "
                    "(one a line).")

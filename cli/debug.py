@@ -15,7 +15,7 @@ import click
 
 from npu_deploy._text import printable
 from npu_deploy._io import check_dest
-from npu_deploy.cli.options import parse_input_shapes, refuse_overwriting, soc_option
+from npu_deploy.cli.options import input_shape_option, parse_input_shapes, refuse_overwriting, soc_option
 from npu_deploy.errors import InputError, Interrupted
 
 _CTX = {"help_option_names": ["-h", "--help"]}
@@ -109,7 +109,7 @@ def compare_command(ctx, model, dumps, bundle, om, inputs, input_files, cosine_m
 @click.option("--samples", type=click.IntRange(min=1), default=1, show_default=True,
               help="Generated samples when --inputs is not given.")
 @click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True, help="Seed for generated samples.")
-@click.option("--input-shape", default=None, metavar="NAME:DIMS;...", help="Fix dynamic input shapes.")
+@input_shape_option()
 @click.option("--cosine", type=float, default=None, help="Target: worst output cosine (default 0.999).")
 @click.option("--max-abs", type=float, default=None, help="Target instead: largest output absolute error.")
 @click.option("--mode", type=click.Choice(["force_fp16", "allow_mix_precision"]), default="force_fp16",

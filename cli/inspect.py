@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import click
 
-from npu_deploy.cli.options import parse_input_shapes, parse_int_list, refuse_overwriting
+from npu_deploy.cli.options import (input_shape_option, parse_input_shapes, parse_int_list, precision_mode_option,
+                                    refuse_overwriting, soc_option_with)
 
 
 @click.command("inspect", context_settings={"help_option_names": ["-h", "--help"]})
@@ -17,12 +18,10 @@ from npu_deploy.cli.options import parse_input_shapes, parse_int_list, refuse_ov
               help="Also write the report as JSON (schema npu-deploy/inspect v1).")
 @click.option("--ops", is_flag=True, help="List every node/op (with --soc: its CANN op and engine).")
 @click.option("--layers", is_flag=True, help="Show the formats on every node/op's inputs and outputs.")
-@click.option("--soc", default=None, metavar="SOC",
-              help="ONNX only: check op support and plan layouts for this SoC (ATC --soc_version, "
-                   "e.g. Ascend310P3).")
-@click.option("--precision-mode", default=None, help="With --soc: ATC precision mode for the plan.")
-@click.option("--input-shape", default=None, metavar="NAME:DIMS;...",
-              help="With --soc: fix dynamic input dimensions (ATC --input_shape syntax).")
+@soc_option_with("ONNX only: check op support and plan layouts for this SoC (ATC --soc_version, "
+                 "e.g. Ascend310P3).")
+@precision_mode_option("With --soc: ATC precision mode for the plan.")
+@input_shape_option(note="With --soc: fixes the dimensions the plan is made for.")
 @click.option("--dynamic-batch", default=None, metavar="B1,B2,...", help="With --soc: batch gears.")
 @click.option("--no-verify", is_flag=True, help="Skip the bundle weight checksum (large bundles).")
 @click.option("--against", "against_onnx", type=click.Path(dir_okay=False), default=None, metavar="MODEL.onnx",

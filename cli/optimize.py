@@ -11,7 +11,7 @@ from __future__ import annotations
 import click
 
 from npu_deploy._text import printable
-from npu_deploy.cli.options import apply, parse_input_shapes, soc_option, tolerance_options
+from npu_deploy.cli.options import apply, input_shape_option, parse_input_shapes, soc_option, tolerance_options
 from npu_deploy.errors import InputError
 
 
@@ -30,7 +30,7 @@ def _names(text: str | None) -> list[str] | None:
 @click.option("--explain", is_flag=True, help="Also show every place a rule matched but did not apply, and why.")
 @click.option("--inputs", type=click.Path(dir_okay=False), default=None,
               help="Verification inputs (.npz, one array per model input). Default: generated in realistic ranges.")
-@click.option("--input-shape", default=None, metavar="NAME:DIMS;...", help="Shapes for dynamic inputs, e.g. 'x:1,3,224,224'.")
+@input_shape_option()
 @soc_option
 @apply(tolerance_options)
 @click.option("--keep-if-faster", is_flag=True,

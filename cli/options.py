@@ -17,6 +17,7 @@ from npu_deploy._io import refuse_overwriting, same_file  # noqa: F401  (shared 
 from npu_deploy.converters.files.onnx_model import parse_dim
 from npu_deploy.errors import InputError
 from npu_deploy.converters.lowering import ops
+from npu_deploy.converters.lowering.options import ALL_PRECISION_MODES
 
 # A dimension or an element count beyond this cannot be addressed (int64); larger is a typo or an attack.
 MAX_ELEMENTS = 2**62
@@ -87,8 +88,28 @@ def parse_int_list(text: str | None, *, option: str) -> list[int]:
 
 SOCS = list(ops.SOCS)
 
-soc_option = click.option("--soc", "--soc_version", "soc", default=None, metavar="SOC",
-                          help="Target SoC (ATC: --soc_version; default Ascend310P3).")
+
+def input_shape_option(*aliases: str, note: str = ""):
+    """The one ``--input-shape`` option of every command: its name, value syntax and help (ATC's
+    ``--input_shape`` syntax, parsed by :func:`parse_input_shapes`). ``aliases`` add a tool's own
+    spelling (ATC ``--input_shape``, ais_bench ``--dymDims``); ``note`` says what it does in this command."""
+    text = "Shapes for dynamic inputs (ATC --input_shape syntax), e.g. 'x:1,3,224,224;y:1,128'."
+    return click.option("--input-shape", *aliases, "input_shape", default=None, metavar="NAME:DIMS;...",
+                        help=f"{text} {note}".strip())
+
+
+def soc_option_with(note: str = "Target SoC (ATC: --soc_version; default Ascend310P3)."):
+    """The one ``--soc`` option (ATC's ``--soc_version`` accepted); ``note``: what it does in this command."""
+    return click.option("--soc", "--soc_version", "soc", default=None, metavar="SOC", help=note)
+
+
+soc_option = soc_option_with()
+
+
+def precision_mode_option(note: str):
+    """The one ``--precision-mode`` option (ATC's ``--precision_mode`` accepted, ATC's mode names)."""
+    return click.option("--precision-mode", "--precision_mode", "precision_mode",
+                        type=click.Choice(ALL_PRECISION_MODES), default=None, help=note)
 
 
 tolerance_options = [

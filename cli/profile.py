@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from npu_deploy._text import printable
-from npu_deploy.cli.options import apply, parse_input_shapes, refuse_overwriting
+from npu_deploy.cli.options import apply, input_shape_option, parse_input_shapes, refuse_overwriting
 from npu_deploy.profiling.analyze import FORMATTRANS_THRESHOLD_PCT
 
 _CTX = {"help_option_names": ["-h", "--help"]}
@@ -143,9 +143,8 @@ def _analyze_cluster(ctx, path, threshold, include_transpose, json_path, html_pa
 @click.argument("run_args", nargs=-1, type=click.UNPROCESSED)
 @click.option("--output-dir", "-o", type=click.Path(file_okay=False), default="npu-deploy-profile",
               show_default=True, help="Where the profile folder (PROF_*) is written.")
-@click.option("--input-shape", default=None, metavar="NAME:DIMS;...",
-              help="Fix dynamic input dimensions: needed to convert an ONNX model with dynamic dims; "
-                   "a bundle runs at these shapes, else its first gear, other dynamic dims as 1.")
+@input_shape_option(note="Needed to convert an ONNX model with dynamic dims; a bundle runs at these shapes, "
+                         "else its first gear, other dynamic dims as 1.")
 @click.option("--loops", type=click.IntRange(1, 1000), default=1, show_default=True, help="Profiled runs.")
 @click.option("--msprof/--emulator", "use_msprof", default=None,
               help="Force msprof (an Ascend host) or the emulator's estimated profile (default: msprof when on PATH).")

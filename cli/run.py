@@ -21,8 +21,9 @@ from npu_deploy._io import (atomic_path, atomic_write, check_dest, clean_stale_p
 from npu_deploy._display import dims
 from npu_deploy._text import printable
 from npu_deploy.cli.feedback import RunProgress, early, end_early, interactive
-from npu_deploy.cli.options import (HabitCommand, Rewrite, parse_input_shapes, parse_int_list, positional,
-                                    refuse_overwriting)
+from npu_deploy.cli.options import (HabitCommand, Rewrite, input_shape_option, parse_input_shapes, parse_int_list,
+                                    positional, refuse_overwriting)
+from npu_deploy.converters.files.feeds import generate_inputs
 from npu_deploy.errors import InputError
 
 # written beside the outputs when a tensor name is not its file's name: {file name: tensor name}
@@ -149,22 +150,12 @@ def build_feeds(metas, inputs: tuple[str, ...], input_dir: str | None, pure_data
                 raise InputError(f"--input-dir {d}: no {safe}.npy or {safe}.bin for input {m.name!r}")
     if pure_data is None:  # only what was given
         return feeds
-    rng = np.random.default_rng(seed)
-    for m in metas:
-        if m.name in feeds:
-            continue
-        shape = resolve_shape(m, shapes, batch)
-        if pure_data == "zero":
-            feeds[m.name] = np.zeros(shape, m.dtype)
-        elif m.dtype.kind == "f":
-            feeds[m.name] = rng.random(shape).astype(m.dtype)
-        elif m.dtype.kind in "iu":
-            feeds[m.name] = rng.integers(0, 2, size=shape).astype(m.dtype)
-        elif m.dtype.kind == "b":
-            feeds[m.name] = np.asarray(rng.random(shape) < 0.5)  # 0-d: an array, not a numpy scalar
-        else:
-            raise InputError(f"input {m.name!r}: cannot generate {m.dtype} data", hint="give it with --input")
-    return feeds
+    free = [m for m in metas if m.name not in feeds]
+    at = {m.name: resolve_shape(m, shapes, batch) for m in free}
+    if pure_data == "zero":
+        return {**feeds, **{m.name: np.zeros(at[m.name], m.dtype) for m in free}}
+    # ais_bench's random data: floats uniform in [0, 1), integers 0 or 1, booleans random
+    return {**feeds, **generate_inputs(free, seed=seed, shapes=at, val_range={"": (0, 1)})}
 
 
 def _shape_or_none(meta, shapes, batch):
@@ -306,8 +297,7 @@ REWRITES = {"--model": positional("--model"),
               help="Unmeasured runs first (ais_bench: --warmup_count).")
 @click.option("--batch-size", "--dymBatch", "--batchsize", "batch_size", type=int, default=None,
               help="Batch size to run (picks the batch gear; ais_bench: --dymBatch).")
-@click.option("--input-shape", "--dymDims", "--dymShape", "input_shape", default=None, metavar="NAME:DIMS;...",
-              help="Concrete input shapes, e.g. 'x:1,3,640,640' (ais_bench: --dymDims, --dymShape).")
+@input_shape_option("--dymDims", "--dymShape", note="(ais_bench: --dymDims, --dymShape)")
 @click.option("--output-size", "--outputSize", "output_size", default=None, metavar="BYTES,...",
               help="Output buffer sizes for dynamic-shape .om models (ais_bench: --outputSize); "
                    "the emulator sizes outputs itself.")

@@ -23,6 +23,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
+from npu_deploy.converters.files.feeds import generate_inputs
 from npu_deploy.errors import DependencyError, ExternalError, InputError, ModelError
 from npu_deploy.profiling.analyze import ProfileReport, analyze_profile
 
@@ -70,30 +71,16 @@ def profile_with_msprof(model: str | os.PathLike, output_dir: str | os.PathLike,
     return analyze_profile(prof, threshold, include_transpose)
 
 
-def _dim(d: int) -> int:
-    return d if d > 0 else 1
-
-
 def make_feeds(inputs, shapes: Mapping[str, Sequence[int]] | None = None, gears=None,
                seed: int = 0) -> dict[str, np.ndarray]:
-    """Generated inputs for a model's input metadata (``name``, ``shape``, ``dtype``): the given shape,
-    else the first gear, else dynamic dims as 1. Floats are standard normal; integers 0 or 1 (safe as
-    token ids, masks and indices); bools False/True."""
-    rng = np.random.default_rng(seed)
-    shapes = dict(shapes or {})
+    """Generated inputs for a model's input metadata (``name``, ``shape``, ``dtype``), from the one
+    feed generator (:func:`npu_deploy.converters.files.feeds.generate_inputs`): the given shape, else
+    the first gear (``gears``: a list of ``{name: shape}``), else dynamic dims as 1. The values do not
+    change the estimated profile (it depends on shapes); integers are 0 or 1, safe as token ids,
+    masks and indices."""
     first_gear = (gears or [{}])[0] if gears else {}
-    feeds = {}
-    for meta in inputs:
-        shape = shapes.get(meta.name) or first_gear.get(meta.name) or meta.shape
-        shape = tuple(_dim(int(d)) for d in shape)
-        dt = np.dtype(meta.dtype)
-        if dt.kind == "f" or dt.name == "bfloat16":
-            feeds[meta.name] = rng.standard_normal(shape).astype(dt)
-        elif dt.kind == "b":
-            feeds[meta.name] = rng.integers(0, 2, shape).astype(bool)
-        else:
-            feeds[meta.name] = rng.integers(0, 2, shape).astype(dt)
-    return feeds
+    given = {**{k: tuple(v) for k, v in first_gear.items()}, **{k: tuple(v) for k, v in (shapes or {}).items()}}
+    return generate_inputs(inputs, seed=seed, shapes=given)
 
 
 def profile_on_emulator(model: str | os.PathLike, output_dir: str | os.PathLike, *,

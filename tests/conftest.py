@@ -34,9 +34,19 @@ SHARED_DATA_REASON = "needs ../shared/data (not beside this clone)"
 if str(REPO) not in sys.path:
     sys.path.append(str(REPO))
 
+# How long a test waits for a subprocess, a cluster or an event before it calls the wait a hang. No
+# verdict depends on it on a working machine, however loaded (tests wait for events, not for time);
+# raise it where even a hang-free run is slower (NPU_DEPLOY_TEST_TIMEOUT=1800).
+TEST_TIMEOUT = float(os.environ.get("NPU_DEPLOY_TEST_TIMEOUT", "600"))
+
 
 def pytest_collection_modifyitems(config, items):
-    """Skip the ``shared_data`` tests where ``../shared/data`` is not beside the repository."""
+    """Mark ``slow`` every test on the local Ray cluster (``tests/runtime/test_distributed.py``'s
+    ``cluster`` fixture: starting Ray and its actors takes seconds), so ``-m 'not slow'`` is a fast lane;
+    skip the ``shared_data`` tests where ``../shared/data`` is not beside the repository."""
+    for item in items:
+        if "cluster" in getattr(item, "fixturenames", ()) and item.get_closest_marker("slow") is None:
+            item.add_marker(pytest.mark.slow)
     if SHARED_DATA.is_dir():
         return
     skip = pytest.mark.skip(reason=SHARED_DATA_REASON)

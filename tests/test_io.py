@@ -345,6 +345,7 @@ _cuts = st.lists(st.tuples(st.integers(0, 10**6), st.integers(0, 255), st.boolea
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(edits=st.one_of(_edits, _cuts))
 @example(edits=[(411, 0, False)])  # an .npz member whose name becomes empty: zipfile's is_dir() raised IndexError
+@pytest.mark.slow
 def test_mutated_npy_and_npz_read_or_refuse_cleanly(tmp_path, edits):
     """Bytes flipped or cut anywhere (header included): an array or one InputError, never another
     exception, never a huge allocation."""

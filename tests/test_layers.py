@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import TEST_TIMEOUT
+
 REPO = Path(__file__).resolve().parents[1]
 FOLDERS = {"npu_deploy": "npu_deploy", "cli": "npu_deploy.cli", "converters": "npu_deploy.converters",
            "runtime": "npu_deploy.runtime", "profiling": "npu_deploy.profiling"}
@@ -189,6 +191,6 @@ def test_import_from_the_repository_root_gives_the_whole_package():
             "from npu_deploy import InferenceSession, convert;"
             "print(npu_deploy.runtime.session.__file__)")
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, env=env, timeout=120)
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, env=env, timeout=TEST_TIMEOUT)
     assert proc.returncode == 0, proc.stderr
     assert Path(proc.stdout.strip()).resolve() == (REPO / "runtime" / "session.py").resolve()

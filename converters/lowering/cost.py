@@ -84,6 +84,7 @@ import numpy as np
 
 from npu_deploy import _thresholds
 from npu_deploy._result import Result
+from npu_deploy.converters.files.feeds import InputSpec, generate_inputs
 from npu_deploy.errors import InputError, ModelError
 
 FORMATTRANS_THRESHOLD_PCT = _thresholds.FORMATTRANS_THRESHOLD_PCT
@@ -1027,13 +1028,10 @@ def _run_for_shapes(model, missing: set[str], shapes: dict, dtypes: dict) -> Non
     opts.log_severity_level = 3
     try:
         sess = ort.InferenceSession(m.SerializeToString(), opts, providers=["CPUExecutionProvider"])
-        feeds = {}
-        rng = np.random.default_rng(0)
-        for i in sess.get_inputs():
-            shape = shapes[i.name]
-            dt = dtypes[i.name]
-            feeds[i.name] = (rng.random(shape).astype(dt) if dt.kind == "f"
-                             else np.zeros(shape, dtype=dt))
+        specs = [InputSpec(i.name, tuple(shapes[i.name]), np.dtype(dtypes[i.name])) for i in sess.get_inputs()]
+        # placeholders: floats in [0, 1), everything else 0 (valid as any index)
+        feeds = generate_inputs(specs, seed=0, shapes={s.name: s.shape for s in specs},
+                                val_range={"": (0, 1), **{s.name: (0, 0) for s in specs if s.dtype.kind != "f"}})
         values = sess.run(wanted, feeds)
     except Exception as e:  # onnxruntime raises its own exception types
         raise ModelError(f"cost model: could not resolve the shapes of {len(wanted)} tensors "

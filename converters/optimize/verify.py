@@ -12,60 +12,38 @@ import numpy as np
 import onnx
 from onnx import TensorProto, numpy_helper
 
-from npu_deploy.converters.optimize.graph import _onnx_to_np, attr
+from npu_deploy.converters.files import feeds as feeds_mod
 from npu_deploy.errors import InputError, ModelError
 
 
 def realistic_feeds(model: onnx.ModelProto, shapes: Mapping[str, Sequence[int]] | None = None, *,
                     seed: int = 0) -> dict[str, np.ndarray]:
-    """Inputs in the ranges the model expects: token ids below the embedding table's size, masks of
-    ones, images in [0, 1] (or [0, 255] for uint8), other floats small and centred."""
-    rng = np.random.default_rng(seed)
+    """Inputs in the ranges the model expects, from the one feed generator: token ids below the
+    embedding table's size, masks of ones, images in [0, 1] (or whole numbers in [0, 255] where the
+    model divides by 255), other integers 0 or 1, other floats standard normal."""
     g = model.graph
     inits = {t.name: t for t in g.initializer}
     readers: dict[str, list[tuple[onnx.NodeProto, int]]] = defaultdict(list)
     for n in g.node:
         for k, i in enumerate(n.input):
             readers[i].append((n, k))
-    feeds = {}
-    for vi in g.input:
-        if vi.name in inits:
-            continue
-        tt = vi.type.tensor_type
-        dtype = _onnx_to_np(tt.elem_type)
-        given = (shapes or {}).get(vi.name)
-        dims = [d.dim_value if d.HasField("dim_value") else -1 for d in tt.shape.dim]
-        if given is not None:
-            dims = list(given)
+    metas = feeds_mod.model_inputs(model)
+    tables = feeds_mod.index_ranges(model)
+    ranges, pixels = {}, set()
+    for m in metas:
+        dims = list((shapes or {}).get(m.name, m.shape))
         if any(d < 0 for d in dims):
-            raise InputError(f"input {vi.name!r} has dynamic dimensions {dims}",
-                             hint=f"give its shape with --input-shape \"{vi.name}:...\" or --inputs FILE.npz")
-        shape = tuple(dims)
-        if dtype.kind in "iu":
-            high = None
-            for n, k in readers.get(vi.name, []):
-                if n.op_type == "Gather" and k == 1 and n.input[0] in inits:
-                    high = list(inits[n.input[0]].dims)[attr(n, "axis", 0)]
-            if high is not None:
-                a = rng.integers(0, high, size=shape)
-            elif "mask" in vi.name.lower():
-                a = np.ones(shape)
-            else:
-                a = rng.integers(0, 2, size=shape)
-            feeds[vi.name] = np.asarray(a, dtype=dtype)
-        elif dtype.kind == "f":
-            image = len(shape) == 4 and (shape[1] in (1, 3) or shape[3] in (1, 3))
-            a = rng.random(shape) if image else rng.standard_normal(shape) * 0.5
-            if image and _expects_pixels(readers.get(vi.name, []), inits):
-                a = np.floor(a * 256).clip(0, 255)
-            feeds[vi.name] = np.asarray(a, dtype=dtype)
-        elif dtype == np.uint8:
-            feeds[vi.name] = rng.integers(0, 256, size=shape).astype(np.uint8)
-        elif dtype.kind == "b":
-            feeds[vi.name] = rng.random(shape) < 0.5
-        else:
-            raise InputError(f"input {vi.name!r}: cannot generate {dtype} data", hint="give it with --inputs")
-    return feeds
+            raise InputError(f"input {m.name!r} has dynamic dimensions {dims}",
+                             hint=f"give its shape with --input-shape \"{m.name}:...\" or --inputs FILE.npz")
+        if m.dtype.kind in "iu" and "mask" in m.name.lower() and m.name not in tables:
+            ranges[m.name] = (1, 1)
+        elif m.dtype.kind == "f" and len(dims) == 4 and (dims[1] in (1, 3) or dims[3] in (1, 3)):
+            ranges[m.name] = (0, 1)
+            if _expects_pixels(readers.get(m.name, []), inits):
+                ranges[m.name] = (0, 255)
+                pixels.add(m.name)
+    return feeds_mod.generate_inputs(metas, seed=seed, shapes=shapes, val_range=ranges,
+                                     index_ranges=tables, whole=pixels)
 
 
 def _graph_tensors(g: onnx.GraphProto, where: str = ""):

@@ -42,6 +42,7 @@ from npu_deploy._io import atomic_path, load_npz
 from npu_deploy._result import Result
 from npu_deploy._text import printable
 from npu_deploy.converters.formats.graph import axis_perm
+from npu_deploy.converters.files.feeds import generate_inputs, index_ranges
 from npu_deploy.converters.lowering import aipp as aippmod
 from npu_deploy.converters.lowering import ops
 from npu_deploy.errors import InputError, ModelError
@@ -310,142 +311,7 @@ def compare_arrays(name: str, ref: np.ndarray, target: np.ndarray, *, atol: floa
 
 
 # ----------------------------------------------------------------------------------------- inputs
-def generate_inputs(metas: Sequence[Any], *, seed: int = 0,
-                    shapes: Mapping[str, Sequence[int]] | None = None,
-                    val_range: Mapping[str, tuple[float, float]] | None = None,
-                    index_ranges: Mapping[str, int] | None = None) -> dict[str, np.ndarray]:
-    """Random inputs for ``metas`` (objects with ``name``, ``shape``, ``dtype``, optional ``gears``).
-
-    ``val_range``: ``{name: (lo, hi)}`` (``""`` for every input not named), Polygraphy's
-    ``--val-range``: floats uniform in [lo, hi), integers in [lo, hi]. Without one: integers that index
-    an embedding table (``index_ranges``: input name → table size, see :func:`index_ranges`) cover the
-    whole table, other integers are 0 or 1 (masks, type ids); image-like floats (``N, C<=4, H, W``)
-    are :func:`synthetic_images`, other floats standard normal (inputs in [0, 1) leave PP-OCR det's
-    output at about 0 everywhere, where any target passes); booleans random. Dynamic dims come from ``shapes``, else the first gear, else 1.
-
-    >>> from npu_deploy.runtime.backend import TensorMeta
-    >>> x = generate_inputs([TensorMeta("x", (-1, 3), "float32")], seed=0)["x"]
-    >>> x.shape, x.dtype.name
-    ((1, 3), 'float32')
-    >>> ids = generate_inputs([TensorMeta("ids", (1, 4096), "int64")], index_ranges={"ids": 30522})["ids"]
-    >>> int(ids.min()) >= 0 and int(ids.max()) < 30522 and int(ids.max()) > 20000
-    True
-    """
-    rng = np.random.default_rng(seed)
-    ranges = dict(val_range or {})
-    tables = dict(index_ranges or {})
-    out = {}
-    for m in metas:
-        dtype = np.dtype(m.dtype)
-        if shapes and m.name in shapes:
-            shape = tuple(int(d) for d in shapes[m.name])
-        elif getattr(m, "gears", None):
-            shape = tuple(m.gears[0])
-        else:
-            shape = tuple(d if d >= 0 else 1 for d in m.shape)
-        span = ranges.get(m.name, ranges.get(""))
-        if span is not None:
-            lo, hi = float(span[0]), float(span[1])
-        if dtype.kind == "f":
-            if span is None:
-                a = synthetic_images(shape, rng) if _image_like(shape) else rng.standard_normal(shape)
-            else:
-                a = rng.uniform(lo, hi, size=shape)
-            a = a.astype(dtype)
-        elif dtype.kind in "iu":
-            if span is not None:
-                info = np.iinfo(dtype)
-                a = rng.integers(max(math.ceil(lo), info.min), min(math.floor(hi), info.max), size=shape,
-                                 endpoint=True)
-            else:
-                a = rng.integers(0, max(int(tables.get(m.name, 2)), 1), size=shape)
-            a = a.astype(dtype)
-        elif dtype.kind == "b":
-            a = rng.random(shape) < 0.5
-        else:
-            raise InputError(f"input {m.name!r}: cannot generate data of dtype {dtype}",
-                             hint="give the input with --input NAME=FILE.npy")
-        out[m.name] = np.asarray(a, dtype=dtype)  # a 0-d draw is a numpy scalar; onnxruntime wants arrays
-    return out
-
-
-IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
-
-
-def _image_like(shape: tuple[int, ...]) -> bool:
-    return len(shape) == 4 and shape[1] in (1, 3, 4) and shape[2] >= 8 and shape[3] >= 8
-
-
-def synthetic_images(shape: tuple[int, ...], rng: np.random.Generator) -> np.ndarray:
-    """Normalised images with structure: a light page with dark, striped blocks (text lines, edges)
-    and a little noise, normalised as ImageNet/PaddleOCR preprocessing does. A detector sees text in
-    them and a classifier edges, so outputs span their range instead of sitting at about 0.
-
-    >>> x = synthetic_images((2, 3, 32, 64), np.random.default_rng(0))
-    >>> x.shape, bool(x.min() < -1.5 and x.max() > 1.5)
-    ((2, 3, 32, 64), True)
-    """
-    n, c, h, w = shape
-    out = np.empty(shape, np.float64)
-    for b in range(n):
-        page = np.full((h, w), rng.uniform(0.75, 0.95))
-        for _ in range(max(2, h * w // 2000)):
-            bh, bw = int(rng.integers(max(2, h // 32), max(3, h // 10) + 1)), int(rng.integers(max(4, w // 8), max(5, w // 2) + 1))
-            r, col = int(rng.integers(0, max(1, h - bh))), int(rng.integers(0, max(1, w - bw)))
-            page[r:r + bh, col:col + bw] = rng.uniform(0.0, 0.25)
-            page[r:r + bh, col:col + bw:int(rng.integers(2, 5))] = page[0, 0]  # gaps between strokes
-        page += rng.normal(0.0, 0.03, page.shape)
-        for k in range(c):
-            mean, std = (IMAGENET_MEAN[k], IMAGENET_STD[k]) if c == 3 else (0.5, 0.25)
-            out[b, k] = (page - mean) / std
-    return out
-
-
-# ops an index may pass through on its way to a Gather and stay the same index
-_INDEX_PASSTHROUGH = {"Cast", "Unsqueeze", "Squeeze", "Reshape", "Flatten", "Identity", "Expand"}
-
-
-def index_ranges(model_path: str | os.PathLike) -> dict[str, int]:
-    """``{input name: table size}`` for integer graph inputs that index a constant table: the input
-    (through Cast / Unsqueeze / Reshape …) is the indices of a ``Gather`` whose data is an initializer
-    (an embedding), so valid values are ``0 .. size - 1`` along the gather axis. Token ids in MiniLM
-    index a 30522-row table; ``token_type_ids`` a 2-row one.
-    """
-    import onnx
-
-    m = onnx.load(str(model_path), load_external_data=False)
-    g = m.graph
-    inits = {t.name: list(t.dims) for t in g.initializer}
-    consumers: dict[str, list] = {}
-    for n in g.node:
-        for k, i in enumerate(n.input):
-            consumers.setdefault(i, []).append((n, k))
-        if n.op_type == "Constant":
-            for a in n.attribute:
-                if a.name == "value" and a.t is not None:
-                    inits[n.output[0]] = list(a.t.dims)
-    ints = [i.name for i in g.input if i.type.tensor_type.elem_type in (
-        onnx.TensorProto.INT64, onnx.TensorProto.INT32, onnx.TensorProto.INT16, onnx.TensorProto.INT8,
-        onnx.TensorProto.UINT8, onnx.TensorProto.UINT16, onnx.TensorProto.UINT32, onnx.TensorProto.UINT64)]
-    out: dict[str, int] = {}
-    for name in ints:
-        seen, todo, sizes = set(), [name], []
-        while todo:
-            t = todo.pop()
-            if t in seen:
-                continue
-            seen.add(t)
-            for n, k in consumers.get(t, []):
-                if n.op_type == "Gather" and k == 1 and n.input[0] in inits:
-                    axis = next((a.i for a in n.attribute if a.name == "axis"), 0)
-                    dims = inits[n.input[0]]
-                    if dims and -len(dims) <= axis < len(dims):
-                        sizes.append(int(dims[axis]))
-                elif n.op_type in _INDEX_PASSTHROUGH and k == 0:
-                    todo.extend(o for o in n.output if o)
-        if sizes:
-            out[name] = min(sizes)  # valid for every table it indexes
-    return out
+# generate_inputs, index_ranges: the one feed generator, npu_deploy.converters.files.feeds
 
 
 def save_inputs(path: str | os.PathLike, feeds: Mapping[str, np.ndarray]) -> None:

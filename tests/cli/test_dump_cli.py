@@ -60,6 +60,7 @@ def run_cli_module():
 
 
 @pytest.mark.realmodel
+@pytest.mark.slow
 def test_run_dump_writes_every_executed_op_in_the_acl_layout(cls_run):
     model, bundle, x, tmp, out = cls_run
     folders = dump.find_dump_folders(tmp / "dumps")
@@ -104,6 +105,7 @@ def test_run_dump_writes_every_executed_op_in_the_acl_layout(cls_run):
 
 
 @pytest.mark.realmodel
+@pytest.mark.slow
 def test_dumped_graph_output_agrees_with_onnxruntime(cls_run):
     import onnxruntime as ort
 

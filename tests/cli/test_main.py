@@ -7,6 +7,7 @@ import tempfile
 import pytest
 
 from npu_deploy.cli.main import COMMANDS
+from tests.conftest import TEST_TIMEOUT
 
 
 def _run(*args, env=None):
@@ -91,14 +92,14 @@ def test_sigterm_during_convert_exits_143_and_leaves_no_temporary(real_model, tm
                             cwd=tmp_path,
                             # a job started in the background may inherit SIGTERM ignored: undo that
                             preexec_fn=lambda: signal.signal(signal.SIGTERM, signal.SIG_DFL))
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + TEST_TIMEOUT
     while not any(p.name.endswith(".part") for p in out.iterdir()):
         if proc.poll() is not None:
             pytest.skip("the bundle was written before the test could see its temporary file")
         assert time.monotonic() < deadline
         time.sleep(0.01)
     os.kill(proc.pid, signal.SIGTERM)
-    _, err = proc.communicate(timeout=120)
+    _, err = proc.communicate(timeout=TEST_TIMEOUT)
     assert proc.returncode == 143, err
     assert "SIGTERM" in err and "Traceback" not in err
     assert list(out.iterdir()) == []

@@ -77,6 +77,7 @@ def test_per_rank_verdicts_slowest_rank_and_transdata_spread(cluster_dir):
     assert "2 skipped" in rep.verdict()
 
 
+@pytest.mark.slow
 def test_one_worker_and_many_give_the_same_view(cluster_dir):
     a = analyze_cluster(cluster_dir, workers=1).to_dict()
     b = analyze_cluster(cluster_dir, workers=3).to_dict()
@@ -117,6 +118,7 @@ def test_cluster_folder_detection(cluster_dir, tmp_path_factory):
     assert [r.compute_us for r in rep.analysed()] == [pytest.approx(500.0)] * 2
 
 
+@pytest.mark.slow
 def test_cli_cluster_view(cluster_dir, run_cli, tmp_path_factory):
     out = tmp_path_factory.mktemp("out")
     code, stdout, stderr = run_cli("profile", "analyze", cluster_dir, "--cluster", "--json", out / "c.json",

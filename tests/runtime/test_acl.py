@@ -24,6 +24,7 @@ from npu_deploy.errors import AclError, DependencyError, InputError, OmError
 from npu_deploy.runtime import device
 from npu_deploy.runtime.acl import AclBackend
 from tests.standins.omfile import build_om, tensor
+from tests.conftest import TEST_TIMEOUT
 
 STANDINS = Path(__file__).resolve().parents[1] / "standins"
 
@@ -514,7 +515,7 @@ def test_teardown_at_interpreter_exit(tmp_path, opener):
     """)
     env = dict(os.environ, NPU_STANDIN_ACL_LOG=str(log))
     proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True,
-                          cwd=str(tmp_path), timeout=60)  # not the tree: it would shadow an installed package
+                          cwd=str(tmp_path), timeout=TEST_TIMEOUT)  # not the tree: it would shadow an installed package
     assert proc.returncode == 0, proc.stderr
     assert "warning" not in proc.stderr
     records = [json.loads(line) for line in log.read_text().splitlines()]

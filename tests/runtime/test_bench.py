@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from npu_deploy.errors import InputError
-from npu_deploy.runtime.backend import Backend, TensorMeta
+from npu_deploy.runtime.backend import Backend, TensorMeta, Timing
 from npu_deploy.runtime.bench import BenchResult, benchmark, latency_stats
 
 
@@ -70,7 +70,7 @@ def test_benchmark_counts_and_result():
         res, outs = benchmark(b, {"x": np.ones((4, 2), np.float32)}, loop=7, warmup=3, progress=seen.append)
     assert b.runs == 10 and seen == list(range(1, 8))
     assert res.latency.count == 7 and res.compute.count == 7 and res.batch_size == 4
-    assert res.throughput == pytest.approx(4 * 7 / (res.latency.total_ms / 1e3))
+    assert 0 < res.throughput < math.inf  # the formula's oracle: test_benchmark_figures_from_known_timings
     assert res.latency.mean_ms >= res.compute.mean_ms
     assert res.outputs == {"y": {"shape": [4, 2], "dtype": "float32"}}
     np.testing.assert_array_equal(outs[0], 2 * np.ones((4, 2)))
@@ -78,6 +78,35 @@ def test_benchmark_counts_and_result():
     back = BenchResult.load(res.to_json())
     assert back.latency == res.latency and back.throughput == res.throughput
     assert "p99" in res.table() and "compute" in res.table()
+
+
+class KnownTimings:
+    """A session stand-in whose runs report fixed timings (what ``benchmark`` reads: ``run_timed``
+    and ``get_outputs``), so that every figure has a value worked out by hand."""
+
+    backend_name = "known"
+
+    def __init__(self, totals_ms, compute_ms):
+        self.timings = [Timing(0.001, c / 1e3, 0.001, t / 1e3) for t, c in zip(totals_ms, compute_ms)]
+
+    def get_outputs(self):
+        return [TensorMeta("y", (-1, 2), np.float32)]
+
+    def run_timed(self, names, feeds):
+        return [feeds["x"] * 2], self.timings.pop(0)
+
+
+def test_benchmark_figures_from_known_timings():
+    # one warmup run (30 ms, not counted), then 10, 20, 30, 40 ms end to end with 4, 4, 6, 6 ms compute
+    s = KnownTimings([30, 10, 20, 30, 40], [9, 4, 4, 6, 6])
+    res, _ = benchmark(s, {"x": np.ones((4, 2), np.float32)}, loop=4, warmup=1)
+    assert not s.timings and res.batch_size == 4
+    assert res.latency.total_ms == pytest.approx(100.0) and res.latency.mean_ms == pytest.approx(25.0)
+    assert res.latency.min_ms == pytest.approx(10.0) and res.latency.max_ms == pytest.approx(40.0)
+    assert res.throughput == pytest.approx(160.0)  # 4 runs x 4 samples in 0.1 s
+    assert res.compute.mean_ms == pytest.approx(5.0)
+    # ais_bench counts compute time only: 1000 * 4 / 5 ms = 800 samples/s
+    assert res.ais_bench_lines()[-1].endswith(": 800.00")
 
 
 @pytest.mark.parametrize("loop, warmup", [(0, 1), (3, -1)])

@@ -57,6 +57,7 @@ def test_exclusions_are_documented_with_reasons():
 
 
 @pytest.mark.conformance
+@pytest.mark.slow
 def test_lowering_against_onnxruntime(baseline):
     ours = run_node_suite(NpuDeployLoweringBackend, workers=2)
     s = summarise(ours, baseline)
@@ -72,6 +73,7 @@ def test_lowering_against_onnxruntime(baseline):
 
 
 @pytest.mark.conformance
+@pytest.mark.slow
 def test_convert_refuses_cleanly_or_matches(baseline):
     cases = node_cases()
     in_range = [c.name for c in cases if 8 <= _opset(c) <= 18]
@@ -88,6 +90,7 @@ def test_convert_refuses_cleanly_or_matches(baseline):
     assert sum(o.passed for o in ours if o.name in in_range) >= 600  # measured 605
 
 
+@pytest.mark.slow
 def test_plugs_into_onnx_backend_test():
     import unittest
 

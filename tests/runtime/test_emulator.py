@@ -11,6 +11,7 @@ import pytest
 from onnx import helper, numpy_helper
 
 from npu_deploy.errors import BundleError, InputError
+from npu_deploy.profiling.analyze import analyze_profile
 from npu_deploy.runtime.emulator import OP_SUMMARY_HEADER, EmulatorBackend
 
 from .bundles import conv_model, io_entry, make_bundle
@@ -185,12 +186,11 @@ def test_no_runs_no_profile(conv_bundle, tmp_path):
 
 
 def test_profile_analyser_runs_on_estimated_profile(conv_bundle, tmp_path):
-    analyze = pytest.importorskip("npu_deploy.profiling.analyze")
     path, _ = conv_bundle
     b = EmulatorBackend(path, profile=True, profile_dir=tmp_path / "prof")
     with b:
         b.run(None, {"x": np.ones((1, 3, 6, 6), np.float32)})
-    report = analyze.analyze_profile(tmp_path / "prof")
+    report = analyze_profile(tmp_path / "prof")
     # oracle: TransData 11.5 µs of 34.5 µs estimated device time
     assert report.formattrans_share() == pytest.approx(100 * 11.5 / 34.5, rel=1e-6)  # percent
     assert "estimated" in report.verdict()

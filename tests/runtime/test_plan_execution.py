@@ -17,6 +17,7 @@ import npu_deploy
 from npu_deploy.converters.files.bundle import WeightEntry, read_bundle, write_bundle
 from npu_deploy.runtime.check.compare import compare
 from npu_deploy.runtime.emulator import EmulatorBackend
+from tests.conftest import TEST_TIMEOUT
 
 SHAPE = {"x": (1, 3, 48, 192)}
 
@@ -43,6 +44,7 @@ def cls_bundle(real_model, tmp_path_factory):
 
 
 @pytest.mark.realmodel
+@pytest.mark.slow
 def test_the_plan_is_what_runs(cls_bundle):
     model, bundle, feeds = cls_bundle
     assert compare(model, bundle, inputs=feeds)
@@ -163,6 +165,7 @@ def _light_models():
 
 
 @pytest.mark.parametrize("path", _light_models(), ids=lambda p: p.stem)
+@pytest.mark.slow
 def test_onnx_wheel_light_cnns_run_through_the_plan(path, tmp_path):
     """The onnx wheel's light_* CNNs (IR 3 graphs with unused initializers among them): converted,
     the plan executed, every planned TransData run, outputs match onnxruntime on the original."""
@@ -193,6 +196,7 @@ def test_zero_d_initializers_keep_their_rank(tmp_path):
     np.testing.assert_array_equal(y, x[:, 2].astype(np.float16).astype(np.float32))
 
 
+@pytest.mark.slow
 def test_layernorm_without_bias_runs(tmp_path):
     """onnxruntime 1.32 could die with SIGSEGV on a LayerNormalization without its optional bias once
     the scale lives in the weight blob: the emulator gives it the zero bias the op defines. Run in a
@@ -208,7 +212,7 @@ def test_layernorm_without_bias_runs(tmp_path):
     code = ("import sys, npu_deploy; from npu_deploy.runtime.check.compare import compare;"
             f"npu_deploy.convert({str(path)!r}, output={str(tmp_path / 'ln.bundle')!r}, backend='builtin');"
             f"r = compare({str(path)!r}, {str(tmp_path / 'ln.bundle')!r}); print(r.verdict()); sys.exit(0 if r else 1)")
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=TEST_TIMEOUT,
                           cwd=tmp_path)
     assert proc.returncode == 0, (proc.returncode, proc.stdout, proc.stderr[-2000:])
     assert "PASS" in proc.stdout
@@ -232,6 +236,7 @@ def test_internal_sequences_pass_between_ops(name, tmp_path):
 
 
 @pytest.mark.realmodel
+@pytest.mark.slow
 def test_plan_inside_if_bodies_is_executed(real_model, tmp_path):
     """silero-vad 6.2.3 keeps the whole network inside If branches on the sample rate: the TransData
     planned inside the bodies run there, and dropping one of them breaks the numbers."""

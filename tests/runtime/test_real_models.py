@@ -49,6 +49,7 @@ def _convert(real_model, tmp_path, name, precision):
 
 @pytest.mark.realmodel
 @pytest.mark.parametrize("name", sorted(SHAPES))
+@pytest.mark.slow
 def test_fp32_matches_onnxruntime(real_model, tmp_path, name):
     model, bundle = _convert(real_model, tmp_path, name, "must_keep_origin_dtype")
     res = compare(model, bundle, inputs=feeds(name))
@@ -58,6 +59,7 @@ def test_fp32_matches_onnxruntime(real_model, tmp_path, name):
 
 @pytest.mark.realmodel
 @pytest.mark.parametrize("name", sorted(SHAPES))
+@pytest.mark.slow
 def test_fp16_cosine(real_model, tmp_path, name):
     model, bundle = _convert(real_model, tmp_path, name, "force_fp16")
     res = compare(model, bundle, inputs=feeds(name))  # fp16 defaults: cosine >= 0.999, <= 0.1 % outside 1e-2
@@ -68,6 +70,7 @@ def test_fp16_cosine(real_model, tmp_path, name):
 
 
 @pytest.mark.realmodel
+@pytest.mark.slow
 def test_dynamic_batch_gears_real_model(real_model, tmp_path):
     import onnxruntime as ort
 

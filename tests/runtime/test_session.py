@@ -13,6 +13,7 @@ import pytest
 
 from npu_deploy.errors import DependencyError, InputError, ModelError
 from npu_deploy.runtime.session import InferenceSession, sniff_model
+from tests.conftest import TEST_TIMEOUT
 
 from .bundles import conv_model, io_entry, make_bundle
 
@@ -135,7 +136,7 @@ def test_closed_at_interpreter_exit(bundle, tmp_path):
             f"s = InferenceSession({str(path)!r}, profile=True, profile_dir={str(prof)!r})\n"
             f"s.run(None, {{'x': np.ones((1, 3, 6, 6), np.float32)}})\n"
             f"_keep = [s]\n")
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=TEST_TIMEOUT)
     assert r.returncode == 0, r.stderr
     assert len(list(prof.glob("PROF_*/mindstudio_profiler_output/op_summary_*.csv"))) == 1
 

@@ -112,6 +112,7 @@ def test_seed_reads_and_runs(tmp_path, seed):
 
 @FUZZ
 @given(data=st.data(), value=json_value)
+@pytest.mark.slow
 def test_resealed_manifest_value_anywhere(tmp_path, seed, data, value):
     manifest, _ = _sections(seed)
     paths = [p for p in _paths(manifest) if p[0] != "weights" or data.draw(st.booleans())]
@@ -122,6 +123,7 @@ def test_resealed_manifest_value_anywhere(tmp_path, seed, data, value):
 
 @FUZZ
 @given(data=st.data())
+@pytest.mark.slow
 def test_resealed_manifest_key_dropped_or_list_emptied(tmp_path, seed, data):
     manifest, _ = _sections(seed)
     path = data.draw(st.sampled_from(list(_paths(manifest))))
@@ -134,6 +136,7 @@ def test_resealed_manifest_key_dropped_or_list_emptied(tmp_path, seed, data):
 
 @FUZZ
 @given(edits=st.lists(st.tuples(st.integers(0, 1 << 20), st.integers(1, 255)), min_size=1, max_size=4))
+@pytest.mark.slow
 def test_resealed_graph_bytes(tmp_path, seed, edits):
     """Mutated protobuf: the reader refuses it or returns a graph whose weights unpack; it is not run
     (onnxruntime's own robustness on malformed graphs is not under test here)."""

@@ -147,7 +147,6 @@ def test_inputs_ordered_by_index_attr_not_appearance(tmp_path):
 
 
 def test_packed_format_words_and_origin_format(tmp_path):
-    pytest.importorskip("npu_deploy.converters.formats")
     path = build_om(tmp_path / "m.om", inputs=[tensor("w", "float16", [4, 1, 16, 16], 516,
                                                       origin_format="HWCN")],
                     outputs=[tensor("y", "float32", [16, 16], 29 | 4 << 24)],

@@ -418,6 +418,7 @@ def test_zero_d_tensors_keep_their_rank(tmp_path):
 
 
 @pytest.mark.parametrize("name", ["light_resnet50", "light_zfnet512"])
+@pytest.mark.slow
 def test_ir3_models_with_unused_initializers_run(name, tmp_path):
     """The onnx wheel's IR-3 CNNs carry an initializer no node reads (also a graph input, as IR 3 wants):
     they convert and the bundle runs like onnxruntime on the original."""

@@ -63,6 +63,7 @@ def strided_pairs(draw):
 @needs_kernel
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(strided_pairs(), st.sampled_from([1, 2, 3]), st.sampled_from([(8, 8), (64, 64), (256, 4096)]))
+@pytest.mark.slow
 def test_kernel_equals_numpy_assignment(pair, threads, tiles):
     dst, src = pair
     expect = dst.copy()

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from npu_deploy.converters import formats as F
+from tests.conftest import TEST_TIMEOUT
 
 BENCH = Path(__file__).resolve().parents[3] / "benchmarks" / "bench_formats.py"
 
@@ -70,6 +71,6 @@ def test_benchmarks_run_from_a_non_editable_install(tmp_path, script):
     code = (f"import runpy, sys; sys.argv = [{str(repo / 'benchmarks' / script)!r}, '--help']; "
             f"runpy.run_path(sys.argv[0], run_name='__main__')")
     r = subprocess.run([sys.executable, "-S", "-c", code], cwd=tmp_path, env=env, capture_output=True,
-                       text=True, timeout=300)
+                       text=True, timeout=TEST_TIMEOUT)
     assert r.returncode == 0, r.stderr[-2000:]
     assert "usage" in r.stdout

@@ -44,6 +44,7 @@ def view_pairs(draw):
 
 @settings(max_examples=300, deadline=None)
 @given(view_pairs(), st.sampled_from([1, 64]), st.sampled_from([64, 1 << 20]), st.booleans(), st.booleans())
+@pytest.mark.slow
 def test_copy_equals_plain_assignment(pair, small, task_bytes, threads, kernel):
     dst, src = pair
     old_kernel = _fastcopy.KERNEL_ENABLED

@@ -66,19 +66,44 @@ def test_pack_and_unpack_raise_only_format_errors(fmt, shape, dtype, c0, groups,
 
 
 @SLOW
-@given(formats_, st.lists(st.integers(0, 1 << 20), max_size=5), shapes, dtypes)
-def test_unpack_of_a_raw_buffer_of_any_size(fmt, raw_shape, shape, dtype):
-    """A raw dump read as some format: the buffer's size rarely fits; never anything but FormatError."""
-    if math.prod(raw_shape or [1]) > 4096 or not _small(shape):
+@given(formats_, st.lists(st.integers(0, 1 << 20), max_size=5), shapes, dtypes,
+       st.sampled_from(["any", "storage", "flat"]))
+def test_unpack_of_a_raw_buffer_of_any_size(fmt, raw_shape, shape, dtype, fit):
+    """A raw dump read as some format: the buffer's size rarely fits; never anything but FormatError.
+    Where it is accepted, the result is ``shape`` made of the buffer's own elements, each at most once
+    (unpacking moves elements and drops padding; it never invents or repeats one): every element of
+    the buffer has a distinct bit pattern, so a repeated or foreign value shows."""
+    if not _small(shape):
+        return
+    if fit != "any":  # a buffer of the right size too (as stored, or flat as read from a file), else none fits
+        try:
+            storage = formats.storage_shape(fmt, shape, dtype)
+        except NpuDeployError:
+            return
+        raw_shape = list(storage) if fit == "storage" else [math.prod(storage)]
+    n = math.prod(raw_shape or [1])
+    if n > 4096:
         return
     try:
-        buf = np.zeros(raw_shape, formats.normalize_dtype(dtype))
+        dt = np.dtype(formats.normalize_dtype(dtype))
+        bits = np.dtype(f"u{dt.itemsize}") if dt.itemsize in (1, 2, 4, 8) else None
+        pattern = (np.arange(n) % (2 if dt.kind == "b" else 1 << min(8 * dt.itemsize, 62))).astype(bits) \
+            if bits is not None else None
+        buf = (pattern.view(dt) if pattern is not None else np.zeros(n, dt)).reshape(raw_shape)
     except (NpuDeployError, TypeError, ValueError):
         return
     try:
-        formats.unpack(buf, fmt, shape)
+        back = formats.unpack(buf, fmt, shape)
     except NpuDeployError as e:
         assert "\n" not in str(e)
+        return
+    assert tuple(back.shape) == tuple(int(d) for d in shape) and back.dtype == buf.dtype
+    assert back.size <= buf.size
+    if pattern is not None:
+        got = np.ascontiguousarray(back).reshape(-1).view(bits)
+        assert np.isin(got, pattern).all()
+        if dt.kind != "b" and n <= 1 << (8 * dt.itemsize):  # the buffer's patterns are all distinct
+            assert np.unique(got).size == got.size
 
 
 @SLOW

@@ -60,6 +60,7 @@ def _feeds(sess, shapes):
 
 
 @pytest.mark.parametrize("name", list(SHAPES))
+@pytest.mark.slow
 def test_plan_covers_every_node(converted, real_model, name):
     loaded, p, path = converted[name]
     original = onnx.load(str(real_model(name)), load_external_data=False)
@@ -72,6 +73,7 @@ def test_plan_covers_every_node(converted, real_model, name):
 
 
 @pytest.mark.parametrize("name", list(SHAPES))
+@pytest.mark.slow
 def test_edge_formats_agree_after_transdata(converted, name):
     loaded, p, _ = converted[name]
     same = lambda a, b: a == b or (a in PLAIN and b in PLAIN)  # noqa: E731
@@ -195,6 +197,7 @@ def test_bundle_round_trips_and_runs_like_the_original(converted, real_model, na
         np.testing.assert_allclose(c, a, rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_dynamic_batch_and_fp16(real_model, tmp_path):
     """MiniLM with batch gears through the public API, force_fp16: weights stored as float16."""
     src = real_model("minilm")
@@ -256,6 +259,7 @@ BEFORE_COUNTS = {"ppocr_det": (7, 7), "ppocr_rec": (26, 28), "ppocr_cls": (4, 6)
 
 
 @pytest.mark.parametrize("name", list(BEFORE_COUNTS))
+@pytest.mark.slow
 def test_transdata_counts_no_worse_than_before(real_model, name):
     loaded = load_model(real_model(name), input_shapes=SHAPES[name])
     for mode, before in zip(("force_fp16", "must_keep_origin_dtype"), BEFORE_COUNTS[name]):
@@ -264,6 +268,7 @@ def test_transdata_counts_no_worse_than_before(real_model, name):
         assert len(p.transdata) == p.report.transdata_count
 
 
+@pytest.mark.slow
 def test_minilm_s32_plans_like_atc(real_model):
     """MiniLM-L3 seq 32 (issue 9 target): <= 4 TransData and an estimated FormatTrans share under 8 %.
     The head split (Reshape [1,32,384]->[1,32,12,32] + Transpose), K^T and the head merge stay in

@@ -379,6 +379,7 @@ REAL = [
 
 @pytest.mark.realmodel
 @pytest.mark.parametrize("name, shapes", REAL)
+@pytest.mark.slow
 def test_real_model_ops_all_estimated(real_model, name, shapes):
     model = onnx.load(str(real_model(name)))
     ops = model_ops(model, input_shapes=shapes)

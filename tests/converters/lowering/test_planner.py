@@ -488,6 +488,7 @@ def test_column_broadcast_operand_keeps_nd_and_says_why(tmp_path):
     _edge_formats_agree(p, m.model.graph)
 
 
+@pytest.mark.slow
 def test_minilm_attention_runs_in_nz(real_model):
     m = load_model(real_model("minilm"), input_shapes={"input_ids": (1, 128), "attention_mask": (1, 128)})
     p = _plan(m)

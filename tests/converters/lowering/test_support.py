@@ -172,6 +172,7 @@ def test_report_round_trip():
     ("minilm", {"input_ids": (1, 16), "attention_mask": (1, 16)}),
     ("silero_vad", {"input": (2, 576)}),
 ])
+@pytest.mark.slow
 def test_real_models_fully_supported(real_model, name, shapes):
     m = load_model(real_model(name), input_shapes=shapes)
     r = S.check_support(m, "Ascend310P3")

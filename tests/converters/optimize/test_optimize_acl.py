@@ -36,11 +36,12 @@ ATC = STANDINS / "atc"
 RULES = ["merge-casts", "cancel-transpose-reshape"]
 
 #: simulated device compute time (ms) per graph (its op types in order): merge-casts (first row ->
-#: second) is faster on the device, cancelling the Transpose pair (second -> third) is slower
+#: second) is faster on the device, cancelling the Transpose pair (second -> third) is slower; the gaps
+#: (60 and 36 ms) are wider than what a loaded machine adds to a median of 3 runs
 DEVICE_MS = {
-    ("Cast", "Transpose", "Transpose", "Relu"): 30.0,
-    ("Transpose", "Transpose", "Relu"): 15.0,
-    ("Relu",): 24.0,
+    ("Cast", "Transpose", "Transpose", "Relu"): 120.0,
+    ("Transpose", "Transpose", "Relu"): 60.0,
+    ("Relu",): 96.0,
 }
 
 
@@ -121,10 +122,12 @@ def test_device_slower_rewrite_is_rolled_back_and_faster_one_kept(standin_device
     assert "ATC + ACL" in cancel.reason and "although the cost model estimated" in cancel.reason
     # ATC compiled the original and both rewritten models, each once, and the device ran each
     assert standin_device.loaded == list(DEVICE_MS)
-    # the measured times are in the report: sleeps are lower bounds, a loaded machine only adds time
-    for app, (b, a) in ((casts, (30.0, 15.0)), (cancel, (15.0, 24.0))):
+    # the measured times are in the report: sleeps are lower bounds, a loaded machine only adds time;
+    # below 3x: the median of the 3 runs, not their sum
+    ms = list(DEVICE_MS.values())
+    for app, (b, a) in ((casts, (ms[0], ms[1])), (cancel, (ms[1], ms[2]))):
         assert app.device["runs"] == 3
-        assert b <= app.device["before_ms"] < 1.5 * b and a <= app.device["after_ms"] < 1.5 * a
+        assert b <= app.device["before_ms"] < 3 * b and a <= app.device["after_ms"] < 3 * a
     out = onnx.load(tmp_path / "o.onnx")
     assert [n.op_type for n in out.graph.node] == ["Transpose", "Transpose", "Relu"]
     x = np.random.default_rng(1).standard_normal((2, 64, 64)).astype(np.float32)
@@ -133,7 +136,7 @@ def test_device_slower_rewrite_is_rolled_back_and_faster_one_kept(standin_device
     d = json.loads((tmp_path / "r.json").read_text())
     assert d["schema_version"] == 1   # measured_by and device are additive: a v1 reader ignores them
     assert ATC_ACL_LABEL in d["measured_by"] and "cost model" in d["measured_by"]
-    assert d["device"]["before_ms"] >= 30.0 and 15.0 <= d["device"]["after_ms"] < 22.5
+    assert d["device"]["before_ms"] >= ms[0] and ms[1] <= d["device"]["after_ms"] < 3 * ms[1]
     assert d["device"]["margin_pct"] == opt.NOISE_MARGIN_PCT
     assert [a["device"] is not None for a in d["applications"]] == [True, True]
     assert "device" in res.verdict() and "stand-in verified only" in res.verdict()

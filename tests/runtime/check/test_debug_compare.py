@@ -244,6 +244,7 @@ def _independent_first_divergent(src: Path, x, ops, threshold: float) -> tuple[s
 
 
 @pytest.mark.realmodel
+@pytest.mark.slow
 def test_real_model_first_divergent_agrees_with_independent_walk(cls_fp16):
     src, b, x, ops, dumps = cls_fp16
     threshold = 0.99999      # stricter than fp16 allows everywhere, so that some node diverges
@@ -259,6 +260,7 @@ def test_real_model_first_divergent_agrees_with_independent_walk(cls_fp16):
 
 
 @pytest.mark.realmodel
+@pytest.mark.slow
 def test_real_model_perturbed_dump_is_the_first_divergence(cls_fp16, tmp_path):
     import shutil
 

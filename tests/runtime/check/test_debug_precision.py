@@ -36,6 +36,7 @@ def squeezenet_result():
     return precision_search(SQUEEZENET, mode="force_fp16", cosine=0.999)
 
 
+@pytest.mark.slow
 def test_light_cnn_overflows_fp16_and_the_keep_list_fixes_it(squeezenet_result, tmp_path):
     res = squeezenet_result
     assert res.baseline_cosine is None            # NaN outputs under force_fp16: nothing to compare
@@ -50,6 +51,7 @@ def test_light_cnn_overflows_fp16_and_the_keep_list_fixes_it(squeezenet_result, 
     assert res.verdict().startswith("PASS") and f"{len(res.keep)} of {res.candidates}" in res.verdict()
 
 
+@pytest.mark.slow
 def test_greedy_prune_leaves_no_removable_op(squeezenet_result, tmp_path):
     keep = squeezenet_result.keep
     for k in sorted({0, len(keep) // 2, len(keep) - 1}):
@@ -57,6 +59,7 @@ def test_greedy_prune_leaves_no_removable_op(squeezenet_result, tmp_path):
         assert not compare_with_keep(tmp_path, SQUEEZENET, fewer, seed=0), f"{keep[k]} was removable"
 
 
+@pytest.mark.slow
 def test_trace_and_cfg_file(squeezenet_result, tmp_path):
     res = squeezenet_result
     phases = [t["phase"] for t in res.trace]
@@ -74,12 +77,14 @@ def test_trace_and_cfg_file(squeezenet_result, tmp_path):
     assert any("no unique name" in n for n in res.notes)
 
 
+@pytest.mark.slow
 def test_by_type_keeps_op_types(tmp_path):
     res = precision_search(SQUEEZENET, by_type=True)
     assert res and res.keep and all(k.startswith("OpType::") for k in res.keep)
     assert compare_with_keep(tmp_path, SQUEEZENET, res.keep, seed=2)
 
 
+@pytest.mark.slow
 def test_interrupted_search_resumes_from_its_checkpoint(tmp_path):
     ck = tmp_path / "search.json"
     seen = []
@@ -129,6 +134,7 @@ def test_bad_targets_are_input_errors():
         PrecisionSearch(SQUEEZENET, mode="must_keep_origin_dtype")
 
 
+@pytest.mark.slow
 def test_several_samples_in_one_npz_all_judge_the_keep_list(tmp_path):
     import numpy as np
 

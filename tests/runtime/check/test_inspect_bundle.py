@@ -15,6 +15,7 @@ import pytest
 from onnx import TensorProto, helper
 
 from npu_deploy.converters.files.bundle import WeightEntry, write_bundle
+from npu_deploy.converters.lowering.convert import convert
 from npu_deploy.runtime.check.inspect import inspect, render_text
 from npu_deploy.errors import BundleError
 
@@ -145,9 +146,8 @@ def test_manifest_with_odd_types_does_not_crash(tmp_path):
 
 
 def _converted(tmp_path, real_model, name, **kw):
-    convert_mod = pytest.importorskip("npu_deploy.converters.lowering.convert")
     out = tmp_path / f"{name}.bundle"
-    convert_mod.convert(real_model(name), out, backend="builtin", **kw)
+    convert(real_model(name), out, backend="builtin", **kw)
     return out
 
 
@@ -201,6 +201,7 @@ def test_reseal_helper_round_trips(bundle_path):
 
 
 @pytest.mark.realmodel
+@pytest.mark.slow
 def test_inspect_counts_nodes_as_convert_does(real_model, tmp_path):
     """MiniLM folds its shape computations at compile time: convert and inspect of its bundle must give
     the same node count (they gave 122 and 354)."""

@@ -192,6 +192,7 @@ def test_device_failure_is_an_acl_error(dev, squeezenet):
     assert e.value.exit_code == 3
 
 
+@pytest.mark.slow
 def test_keep_lists_reach_atc_by_name_and_by_ir_type(dev, squeezenet):
     s = PrecisionSearch(squeezenet, backend="atc", atc=dev.atc)
     try:
