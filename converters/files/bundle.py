@@ -1047,10 +1047,16 @@ def _sha256(path: Path) -> str:
     return h.hexdigest()
 
 
+def _text_name(name: str) -> str:
+    """A file name as manifest text: bytes that are not UTF-8 (kept by Python as surrogates) shown as
+    ``\\xNN`` escapes, so that the manifest stays valid JSON in UTF-8."""
+    return os.fsencode(name).decode("utf-8", "backslashreplace")
+
+
 def build_manifest(loaded, p, *, support=None) -> dict:
     """The bundle manifest: the plan's own record (:meth:`Plan.to_manifest`) plus where it came from."""
     origin = getattr(loaded, "aipp_source", None) or loaded.path  # AIPP: the user's model, not the prepended copy
-    source = {"name": origin.name, "path": str(origin), "sha256": _sha256(origin),
+    source = {"name": _text_name(origin.name), "path": _text_name(str(origin)), "sha256": _sha256(origin),
               "opset": loaded.opset, "ir_version": loaded.model.ir_version,
               "opsets": {o.domain or "ai.onnx": int(o.version) for o in loaded.model.opset_import}}
     manifest = p.to_manifest(support=support, source_model=source)

@@ -30,8 +30,10 @@ loading's: ``opset`` is 0 for a model importing only ``ai.onnx.ml``. Weights are
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
+import tempfile
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
@@ -634,11 +636,49 @@ def _full_check(model: onnx.ModelProto, p: Path, inlined: bool) -> None:
     """``onnx.checker``'s full check. When shape tensors were read in from external data, the file's copy
     would make its shape inference fail on them: check the structure on the file (external data is
     resolved next to it), then run the same strict inference on the model in memory."""
-    if not inlined:
-        onnx.checker.check_model(str(p), full_check=True)
-        return
-    onnx.checker.check_model(str(p), full_check=False)
+    with _checker_path(model, p) as path:
+        if not inlined:
+            onnx.checker.check_model(path, full_check=True)
+            return
+        onnx.checker.check_model(path, full_check=False)
     onnx.shape_inference.infer_shapes(model, check_type=True, strict_mode=True)
+
+
+@contextlib.contextmanager
+def _checker_path(model: onnx.ModelProto, p: Path):
+    """A path to ``p`` that onnx's checker binding accepts. It takes only names that are valid UTF-8;
+    a file named otherwise (``m\\xff.onnx``, read by our own code) is checked through links with plain
+    names in a temporary folder: one to the model, one to each external data file it names."""
+    name = str(p)
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        pass
+    else:
+        yield name
+        return
+    with tempfile.TemporaryDirectory(prefix="npu-deploy-check-") as tmp:
+        link = Path(tmp) / "model.onnx"
+        link.symlink_to(p.resolve())
+        for t in _external_tensors(model):
+            loc = next((e.value for e in t.external_data if e.key == "location"), None)
+            if not loc or os.path.isabs(loc) or ".." in Path(loc).parts:
+                continue   # refused by the external-data check before this point
+            dst = Path(tmp) / loc
+            if not dst.exists():
+                dst.parent.mkdir(parents=True, exist_ok=True)
+                dst.symlink_to((p.parent / loc).resolve())
+        yield str(link)
+
+
+def _external_tensors(model: onnx.ModelProto):
+    for t in model.graph.initializer:
+        if t.data_location == onnx.TensorProto.EXTERNAL:
+            yield t
+    for n in model.graph.node:
+        for a in n.attribute:
+            if a.type == onnx.AttributeProto.TENSOR and a.t.data_location == onnx.TensorProto.EXTERNAL:
+                yield a.t
 
 
 def _inline_small_external(model: onnx.ModelProto, p: Path) -> bool:

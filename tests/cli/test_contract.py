@@ -361,6 +361,25 @@ def test_a_non_utf8_file_name_is_read(tmp_path, run_cli):
     assert "Conv" in out
 
 
+def test_a_non_utf8_file_name_converts_and_runs(tmp_path, run_cli):
+    """onnx's checker binding takes only UTF-8 names: the checker sees the file through a plain-named
+    link, and the manifest keeps the name with the odd byte escaped."""
+    import json
+
+    from npu_deploy.converters.files.bundle import read_bundle
+
+    src = write_example(tmp_path / "m.onnx")
+    odd = Path(os.fsdecode(os.fsencode(str(tmp_path)) + b"/m\xff.onnx"))
+    os.rename(src, odd)
+    code, _, err = run_cli("convert", odd, "-o", tmp_path / "m.bundle", "--backend", "builtin")
+    assert code == 0, err
+    with read_bundle(tmp_path / "m.bundle") as b:
+        assert b.manifest["source_model"]["name"] == "m\\xff.onnx"
+        json.dumps(b.manifest).encode("utf-8")
+    code, _, err = run_cli("run", tmp_path / "m.bundle", "--loop", "2")
+    assert code == 0, err
+
+
 def test_layout_rank_that_the_format_cannot_hold(run_cli):
     code, _, err = run_cli("layout", "info", "NC1HWC0", "--shape", "1,2")
     _refused(code, err, "rank")
