@@ -200,23 +200,7 @@ def load_model(path: str | os.PathLike, *, input_shapes: Mapping[str, Sequence[i
     ``out_nodes`` / ``output_type``: ATC's ``--out_nodes`` / ``--output_type``, applied to the graph
     right after reading it (:mod:`npu_deploy.converters.files.output_edit`)."""
     p = Path(path)
-    if not p.exists():
-        raise ModelError(f"{p}: no such file", hint="check the model path")
-    if p.is_dir():
-        raise ModelError(f"{p}: is a folder, not an ONNX file")
-    if not p.is_file():  # /dev/zero, a FIFO: a read that never ends
-        raise ModelError(f"{p}: is not a regular file (a device, pipe or socket)", hint="give an .onnx file")
-    try:
-        with open(p, "rb") as f:  # our own read: onnx's open refuses a non-UTF-8 file name
-            model = onnx.load_model_from_string(f.read())
-    except OSError as e:
-        raise ModelError(f"{p}: cannot read ({e.strerror})") from None
-    except Exception as e:  # protobuf DecodeError, or onnx's own errors
-        raise ModelError(f"{p}: not an ONNX model (protobuf parse failed: {str(e).splitlines()[0][:120]})",
-                         hint="check the file is a complete .onnx export") from None
-    if not model.HasField("graph") or model.ir_version <= 0:
-        raise ModelError(f"{p}: not an ONNX model (no graph or IR version)",
-                         hint="check the file is a complete .onnx export")
+    model = _read_model(p)
     _check_external(model, p)
     inlined = _inline_small_external(model, p)
     _check_structure(model.graph, p)
@@ -244,7 +228,8 @@ def load_model(path: str | os.PathLike, *, input_shapes: Mapping[str, Sequence[i
                 raise ModelError(f"{p}: invalid ONNX model: {_first_line(e)}",
                                  hint="fix the export (onnx.checker rejects it)") from None
             try:  # the model's own graph passed inference; still run the structural checker
-                onnx.checker.check_model(str(p), full_check=False)
+                with _checker_path(model, p) as checked:
+                    onnx.checker.check_model(checked, full_check=False)
             except Exception as e2:
                 raise ModelError(f"{p}: invalid ONNX model: {_first_line(e2)}",
                                  hint="fix the export (onnx.checker rejects it)") from None
@@ -260,33 +245,7 @@ def load_model(path: str | os.PathLike, *, input_shapes: Mapping[str, Sequence[i
         if name not in known:
             raise ModelError(f"--input-shape names {name!r}, which is not an input of {p.name}",
                              hint=f"inputs are: {', '.join(known)}")
-    base = {i.name: _vi_shape(i) for i in graph_inputs}
-    fixed: dict[str, Shape] = {}
-    for i in graph_inputs:
-        shape, names = base[i.name]
-        shapeless = not i.type.tensor_type.HasField("shape")
-        if shapeless and i.name not in input_shapes:
-            raise ModelError(f"input {i.name!r} of {p.name} declares no shape",
-                             hint=f"give it with --input-shape \"{i.name}:d0,d1,...\"")
-        if shapeless:
-            dims = i.type.tensor_type.shape.dim
-            for _ in input_shapes[i.name]:
-                dims.add()
-            shape = (-1,) * len(input_shapes[i.name])
-            names = (None,) * len(shape)
-            base[i.name] = (shape, names)
-        if i.name in input_shapes:
-            user = input_shapes[i.name]
-            if len(user) != len(shape):
-                raise ModelError(f"--input-shape {i.name}:{','.join(map(str, user))} has rank {len(user)}, "
-                                 f"but input {i.name!r} has rank {len(shape)} {_fmt(shape, names)}",
-                                 hint=f"give {len(shape)} dimensions")
-            for k, (u, d) in enumerate(zip(user, shape)):
-                if d >= 0 and u >= 0 and u != d:
-                    raise ModelError(f"--input-shape {i.name}: dimension {k} is {u}, but the model fixes it "
-                                     f"to {d} {_fmt(shape, names)}", hint="use the model's value")
-            shape = user
-        fixed[i.name] = shape
+    base, fixed = _fixed_input_shapes(graph_inputs, input_shapes, p)
 
     gears, mode = _gears(fixed, dynamic_batch, _parse_dynamic_dims(dynamic_dims))
     for i in graph_inputs:
@@ -332,6 +291,62 @@ def load_model(path: str | os.PathLike, *, input_shapes: Mapping[str, Sequence[i
     return LoadedModel(inferred, p, inputs, outputs, opset, gears, mode, shapes, dtypes, constants,
                        opsets=_opsets(model), warnings=warnings, data_dependent=unknown,
                        non_tensors=non_tensors)
+
+
+def _read_model(p: Path) -> onnx.ModelProto:
+    """The ONNX model in the file ``p``, read by our own code (onnx's open refuses a non-UTF-8 name);
+    a missing file, a folder, a device or pipe, or bytes that are not a model: one ModelError."""
+    if not p.exists():
+        raise ModelError(f"{p}: no such file", hint="check the model path")
+    if p.is_dir():
+        raise ModelError(f"{p}: is a folder, not an ONNX file")
+    if not p.is_file():  # /dev/zero, a FIFO: a read that never ends
+        raise ModelError(f"{p}: is not a regular file (a device, pipe or socket)", hint="give an .onnx file")
+    try:
+        with open(p, "rb") as f:  # our own read: onnx's open refuses a non-UTF-8 file name
+            model = onnx.load_model_from_string(f.read())
+    except OSError as e:
+        raise ModelError(f"{p}: cannot read ({e.strerror})") from None
+    except Exception as e:  # protobuf DecodeError, or onnx's own errors
+        raise ModelError(f"{p}: not an ONNX model (protobuf parse failed: {str(e).splitlines()[0][:120]})",
+                         hint="check the file is a complete .onnx export") from None
+    if not model.HasField("graph") or model.ir_version <= 0:
+        raise ModelError(f"{p}: not an ONNX model (no graph or IR version)",
+                         hint="check the file is a complete .onnx export")
+    return model
+
+
+def _fixed_input_shapes(graph_inputs, input_shapes: dict, p: Path) -> tuple[dict, dict]:
+    """Each graph input's declared (shape, dim names), and its shape with the user's ``--input-shape``
+    applied (checked against the model: rank, fixed dimensions)."""
+    base = {i.name: _vi_shape(i) for i in graph_inputs}
+    fixed: dict[str, Shape] = {}
+    for i in graph_inputs:
+        shape, names = base[i.name]
+        shapeless = not i.type.tensor_type.HasField("shape")
+        if shapeless and i.name not in input_shapes:
+            raise ModelError(f"input {i.name!r} of {p.name} declares no shape",
+                             hint=f"give it with --input-shape \"{i.name}:d0,d1,...\"")
+        if shapeless:
+            dims = i.type.tensor_type.shape.dim
+            for _ in input_shapes[i.name]:
+                dims.add()
+            shape = (-1,) * len(input_shapes[i.name])
+            names = (None,) * len(shape)
+            base[i.name] = (shape, names)
+        if i.name in input_shapes:
+            user = input_shapes[i.name]
+            if len(user) != len(shape):
+                raise ModelError(f"--input-shape {i.name}:{','.join(map(str, user))} has rank {len(user)}, "
+                                 f"but input {i.name!r} has rank {len(shape)} {_fmt(shape, names)}",
+                                 hint=f"give {len(shape)} dimensions")
+            for k, (u, d) in enumerate(zip(user, shape)):
+                if d >= 0 and u >= 0 and u != d:
+                    raise ModelError(f"--input-shape {i.name}: dimension {k} is {u}, but the model fixes it "
+                                     f"to {d} {_fmt(shape, names)}", hint="use the model's value")
+            shape = user
+        fixed[i.name] = shape
+    return base, fixed
 
 
 # No Ascend device holds a tensor larger than its memory (64 GiB HBM on a 910B; 128 GiB bounds every

@@ -771,82 +771,8 @@ def _dynamic_text(dyn: Mapping[str, Any]) -> str:
 def render_text(r: InspectReport, *, ops: bool = False, layers: bool = False, top: int = 15) -> str:
     """The readable summary ``npu-deploy inspect`` prints (aligned key/values and tables; verdict last)."""
     lines = [f"{r.path}: {r.kind}, {r.file_size:,} bytes"]
-    if r.kind == "onnx" and r.onnx:
-        d = r.onnx
-        lines += _kv([("producer", f"{d['producer_name']} {d['producer_version']}".strip()),
-                      ("ir version", d["ir_version"]),
-                      ("opsets", ", ".join(f"{k or 'ai.onnx'}={v}" for k, v in d["opsets"].items())),
-                      ("nodes", d["node_count"]),
-                      ("initializers", f"{d['initializer_count']} ({d['initializer_bytes']:,} bytes)"),
-                      ("Constant nodes", f"{d['constant_node_bytes']:,} bytes" if d["constant_node_bytes"] else None)])
-        for e in d["external_data"]:
-            lines.append(f"  external data  {e['file']}: {e['tensors']} tensors, {e['bytes']:,} bytes, "
-                         f"{'present' if e['exists'] else 'MISSING'}")
-    elif r.kind == "bundle" and r.bundle:
-        b = r.bundle
-        lines += _kv([("soc", b["soc"]), ("precision mode", b["precision_mode"]),
-                      ("producer", f"{b['producer'] or ''} {b['producer_version'] or ''}".strip()),
-                      ("source model", b["source_model"] if isinstance(b["source_model"], str) else None),
-                      ("dynamic", _dynamic_text(b["dynamic"])),
-                      ("weights", f"{b['weights']['count']} tensors, {b['weights']['bytes']:,} bytes"),
-                      ("memory", ", ".join(f"{k} {v:,}" if isinstance(v, int) else f"{k} {v}"
-                                           for k, v in (b["memory"] or {}).items())),
-                      ("TransData naive", b["transdata_naive_count"]),
-                      ("FormatTrans est.", _share_text(b["formattrans_share"]))])
-    elif r.kind == "dump" and r.dump:
-        d = r.dump
-        lines += _kv([("op", f"{d['op_type'] or '?'} {d['op_name']}"), ("task", d["task_id"]),
-                      ("stream", d["stream_id"]), ("timestamp", d["timestamp"]), ("version", d["version"]),
-                      ("dump time", d["dump_time"])])
-    elif r.kind == "om" and r.om:
-        o = r.om
-        h = o["header"]
-        pairs: list[tuple[str, Any]] = []
-        if h:
-            pairs += ([("magic", h["magic"]), ("header version", f"{h['version_text']} (0x{h['version']:08X})"),
-                          ("model type", h["model_type_name"]), ("model name", h["name"]),
-                          ("platform", f"{h['platform_version']} type {h['platform_type']}"),
-                          ("model length", f"{h['model_length']:,} (legacy length {h['length']:,})"),
-                          ("encrypted", "yes" if h["is_encrypt"] else "no"),
-                          ("checksum", f"{'UNCHECK' if h['is_checksum'] else 'CHECK'}, "
-                                       f"{'zeros' if h['checksum_zero'] else 'set'}"),
-                          ("model_num", h["model_num"]), ("unknown shape", h["is_unknown_model"])])
-        if o.get("model"):
-            attrs = o["model"]["attrs"]
-            pairs += ([("soc version", o["soc_version"] or "(not recorded)"),
-                          ("ATC version", o["atc_version"]), ("framework", attrs.get("framework_type")),
-                          ("ATC command", o.get("atc_cmdline")),
-                          ("dynamic", _dynamic_text(o["dynamic"])),
-                          ("resource info", _resource_text(attrs)),
-                          ("om info", _om_info_text(attrs.get("om_info_list")))])
-        lines += _kv(pairs)
-        if o["partitions"]:
-            lines.append("partitions:")
-            lines += _table([[str(p["model_index"]), p["type_name"], f"{p['offset']:,}", f"{p['size']:,}"]
-                             for p in o["partitions"]], ["model", "type", "offset", "size"])
-    for title, ts in (("inputs", r.inputs), ("outputs", r.outputs)):
-        if not ts:
-            continue
-        lines.append(f"{title}:")
-        rows = []
-        for t in ts:
-            row = [t.get("name") or "?", str(t.get("dtype")), _shape_text(t.get("shape"), t.get("dim_names")),
-                   str(t.get("format"))]
-            if r.kind == "bundle":
-                row += [str(t.get("device_format")), _shape_text(t.get("device_shape")), _bytes_text(t.get("nbytes"))]
-            elif r.kind == "om":
-                row += [_bytes_text(t.get("size"))]
-            elif r.kind == "dump":
-                orig = t.get("original_name")
-                row += [_shape_text(t.get("original_shape")), _bytes_text(t.get("bytes")),
-                        "" if orig is None else f"{orig}:{t.get('original_index')}"]
-            rows.append(row)
-        head = ["name", "dtype", "shape", "format"]
-        head += ["device format", "device shape", "bytes"] if r.kind == "bundle" else \
-            (["device bytes"] if r.kind == "om" else [])
-        if r.kind == "dump":
-            head = ["name", "dtype", "device shape", "format", "original shape", "bytes", "original tensor"]
-        lines += _table(rows, head)
+    lines += _header_lines(r)
+    lines += _io_lines(r)
     if r.op_types and r.kind != "dump":
         shown = list(r.op_types.items()) if ops else list(r.op_types.items())[:top]
         lines.append(f"op types ({r.op_count} {'ops' if r.kind == 'om' else 'nodes'}, {len(r.op_types)} types):")
@@ -904,6 +830,94 @@ def render_text(r: InspectReport, *, ops: bool = False, layers: bool = False, to
         lines.append(f"note: {n}")
     lines.append(r.verdict())
     return "\n".join(printable(line) for line in lines)
+
+
+def _header_lines(r: InspectReport) -> list[str]:
+    """The key/value block of one kind of file (ONNX, bundle, dump, .om)."""
+    lines: list[str] = []
+    if r.kind == "onnx" and r.onnx:
+        d = r.onnx
+        lines += _kv([("producer", f"{d['producer_name']} {d['producer_version']}".strip()),
+                      ("ir version", d["ir_version"]),
+                      ("opsets", ", ".join(f"{k or 'ai.onnx'}={v}" for k, v in d["opsets"].items())),
+                      ("nodes", d["node_count"]),
+                      ("initializers", f"{d['initializer_count']} ({d['initializer_bytes']:,} bytes)"),
+                      ("Constant nodes", f"{d['constant_node_bytes']:,} bytes" if d["constant_node_bytes"] else None)])
+        for e in d["external_data"]:
+            lines.append(f"  external data  {e['file']}: {e['tensors']} tensors, {e['bytes']:,} bytes, "
+                         f"{'present' if e['exists'] else 'MISSING'}")
+    elif r.kind == "bundle" and r.bundle:
+        b = r.bundle
+        lines += _kv([("soc", b["soc"]), ("precision mode", b["precision_mode"]),
+                      ("producer", f"{b['producer'] or ''} {b['producer_version'] or ''}".strip()),
+                      ("source model", b["source_model"] if isinstance(b["source_model"], str) else None),
+                      ("dynamic", _dynamic_text(b["dynamic"])),
+                      ("weights", f"{b['weights']['count']} tensors, {b['weights']['bytes']:,} bytes"),
+                      ("memory", ", ".join(f"{k} {v:,}" if isinstance(v, int) else f"{k} {v}"
+                                           for k, v in (b["memory"] or {}).items())),
+                      ("TransData naive", b["transdata_naive_count"]),
+                      ("FormatTrans est.", _share_text(b["formattrans_share"]))])
+    elif r.kind == "dump" and r.dump:
+        d = r.dump
+        lines += _kv([("op", f"{d['op_type'] or '?'} {d['op_name']}"), ("task", d["task_id"]),
+                      ("stream", d["stream_id"]), ("timestamp", d["timestamp"]), ("version", d["version"]),
+                      ("dump time", d["dump_time"])])
+    elif r.kind == "om" and r.om:
+        o = r.om
+        h = o["header"]
+        pairs: list[tuple[str, Any]] = []
+        if h:
+            pairs += ([("magic", h["magic"]), ("header version", f"{h['version_text']} (0x{h['version']:08X})"),
+                          ("model type", h["model_type_name"]), ("model name", h["name"]),
+                          ("platform", f"{h['platform_version']} type {h['platform_type']}"),
+                          ("model length", f"{h['model_length']:,} (legacy length {h['length']:,})"),
+                          ("encrypted", "yes" if h["is_encrypt"] else "no"),
+                          ("checksum", f"{'UNCHECK' if h['is_checksum'] else 'CHECK'}, "
+                                       f"{'zeros' if h['checksum_zero'] else 'set'}"),
+                          ("model_num", h["model_num"]), ("unknown shape", h["is_unknown_model"])])
+        if o.get("model"):
+            attrs = o["model"]["attrs"]
+            pairs += ([("soc version", o["soc_version"] or "(not recorded)"),
+                          ("ATC version", o["atc_version"]), ("framework", attrs.get("framework_type")),
+                          ("ATC command", o.get("atc_cmdline")),
+                          ("dynamic", _dynamic_text(o["dynamic"])),
+                          ("resource info", _resource_text(attrs)),
+                          ("om info", _om_info_text(attrs.get("om_info_list")))])
+        lines += _kv(pairs)
+        if o["partitions"]:
+            lines.append("partitions:")
+            lines += _table([[str(p["model_index"]), p["type_name"], f"{p['offset']:,}", f"{p['size']:,}"]
+                             for p in o["partitions"]], ["model", "type", "offset", "size"])
+    return lines
+
+
+def _io_lines(r: InspectReport) -> list[str]:
+    """The inputs and outputs tables, with the columns the kind of file has."""
+    lines: list[str] = []
+    for title, ts in (("inputs", r.inputs), ("outputs", r.outputs)):
+        if not ts:
+            continue
+        lines.append(f"{title}:")
+        rows = []
+        for t in ts:
+            row = [t.get("name") or "?", str(t.get("dtype")), _shape_text(t.get("shape"), t.get("dim_names")),
+                   str(t.get("format"))]
+            if r.kind == "bundle":
+                row += [str(t.get("device_format")), _shape_text(t.get("device_shape")), _bytes_text(t.get("nbytes"))]
+            elif r.kind == "om":
+                row += [_bytes_text(t.get("size"))]
+            elif r.kind == "dump":
+                orig = t.get("original_name")
+                row += [_shape_text(t.get("original_shape")), _bytes_text(t.get("bytes")),
+                        "" if orig is None else f"{orig}:{t.get('original_index')}"]
+            rows.append(row)
+        head = ["name", "dtype", "shape", "format"]
+        head += ["device format", "device shape", "bytes"] if r.kind == "bundle" else \
+            (["device bytes"] if r.kind == "om" else [])
+        if r.kind == "dump":
+            head = ["name", "dtype", "device shape", "format", "original shape", "bytes", "original tensor"]
+        lines += _table(rows, head)
+    return lines
 
 
 def _folded_count(g, manifest: Mapping) -> int:
