@@ -7,6 +7,10 @@ is missing still appears in ``npu-deploy --help`` and says what to install when 
 
 from __future__ import annotations
 
+# The command modules are imported when their command runs (COMMANDS below), and they import the API
+# inside the command body: `npu-deploy --help` and a mistyped option answer without loading onnx,
+# onnxruntime, numpy's dependents or Ray. Those inside-function imports are lazy on purpose.
+
 import contextlib
 import importlib
 import os

@@ -43,6 +43,7 @@ from npu_deploy.profiling.discover import Discovery, discover
 
 #: the FormatTrans share, in percent of device compute time, above which a profile is flagged
 from npu_deploy._thresholds import FORMATTRANS_THRESHOLD_PCT  # noqa: E402  (one threshold, percent)
+from npu_deploy.profiling.parse import is_private_format
 
 # ---------------------------------------------------------------------------------------------------
 # Op families
@@ -160,8 +161,6 @@ class Instance:
     @property
     def logical_shape(self) -> str | None:
         """The shape on the public-format side (the output's when the input is a private format)."""
-        from npu_deploy.profiling.parse import is_private_format
-
         return self.out_shape if is_private_format(self.src_format) else self.shape
 
     @property

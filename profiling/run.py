@@ -26,6 +26,7 @@ import numpy as np
 from npu_deploy.converters.files.feeds import generate_inputs
 from npu_deploy.errors import DependencyError, ExternalError, InputError, ModelError
 from npu_deploy.profiling.analyze import ProfileReport, analyze_profile
+from npu_deploy.runtime.session import InferenceSession
 
 
 def msprof_command(msprof: str, output_dir: str | os.PathLike, app: Sequence[str],
@@ -88,8 +89,6 @@ def profile_on_emulator(model: str | os.PathLike, output_dir: str | os.PathLike,
                         threshold: float | None = None, include_transpose: bool | None = None,
                         convert_options: Mapping | None = None) -> ProfileReport:
     """Convert (if ONNX), run ``loops`` times on the emulator with a profile, analyse the estimated profile."""
-    from npu_deploy.runtime.session import InferenceSession
-
     model = Path(model)
     if not model.is_file():
         raise InputError(f"{model}: no such model file", hint="give an .onnx model or an offline bundle")

@@ -64,6 +64,10 @@ from npu_deploy.errors import AclError, DependencyError, InputError, InternalErr
 from npu_deploy.runtime import device
 from npu_deploy.runtime.acl_codes import check, error_for
 from npu_deploy.runtime.backend import Backend, Gear, TensorMeta
+from npu_deploy._io import atomic_write, make_output_folder
+from npu_deploy.converters import formats
+from npu_deploy.converters.files.om import preflight_info
+from npu_deploy.converters.formats import dtype_to_acl, get_format
 
 MBATCH_NAME = "ascend_mbatch_shape_data"
 ACL_MEM_MALLOC_HUGE_FIRST = 0
@@ -168,7 +172,6 @@ class AclBackend(Backend):
     def _preflight(self) -> None:
         if not self.path.is_file():
             raise InputError(f"model file {self.path} does not exist", hint="check the path")
-        from npu_deploy.converters.files.om import preflight_info
 
         pf = preflight_info(self.path)
         self.preflight = pf
@@ -371,7 +374,6 @@ class AclBackend(Backend):
             self._lite = lite.AclLiteModel(str(self.path))
         except Exception as e:
             raise _acllite_error("AclLiteModel", e) from e
-        from npu_deploy.converters.formats import dtype_to_acl, get_format
 
         pf = self.preflight
 
@@ -399,8 +401,6 @@ class AclBackend(Backend):
     # ------------------------------------------------------------------ description
     def _describe(self, name: str, index: int, dims: tuple[int, ...], acl_dtype: int, acl_format: int | None,
                   size: int, om_tensor: Any, *, is_input: bool) -> _Tensor:
-        from npu_deploy.converters import formats
-
         what = f"{self.path}: {'input' if is_input else 'output'} {name!r}"
         try:
             dtype = formats.acl_to_dtype(acl_dtype)
@@ -460,7 +460,6 @@ class AclBackend(Backend):
         """Device dims of ``t`` for a concrete logical shape."""
         if t.pack_format is None:
             return tuple(logical)
-        from npu_deploy.converters import formats
 
         return formats.storage_shape(t.pack_format, logical, t.dtype, c0=t.c0, origin=t.meta.format)
 
@@ -587,7 +586,6 @@ class AclBackend(Backend):
     def _run_on_device(self, output_names: list[str], feeds: dict[str, np.ndarray],
                        gear: Gear | None) -> list[np.ndarray]:
         acl = self._acl
-        from npu_deploy.converters import formats
 
         keep: list[np.ndarray] = []
         with self._phase("h2d"):
@@ -676,8 +674,6 @@ class AclBackend(Backend):
         return tuple(dims)
 
     def _fetch(self, t: _Tensor, batch: int | None, lite_out: list[np.ndarray] | None) -> np.ndarray:
-        from npu_deploy.converters import formats
-
         dims = self._current_dims(t, batch)
         nbytes = self._device_nbytes(t, dims)
         if nbytes > t.size:
@@ -727,8 +723,6 @@ def enable_dump(dump_path: str | os.PathLike, om_path: str | os.PathLike, *, mod
     """
     import json
 
-    from npu_deploy._io import atomic_write, make_output_folder
-    from npu_deploy.converters.files.om import preflight_info
 
     model_name = preflight_info(om_path).model_name or Path(om_path).stem
     folder = make_output_folder(dump_path)

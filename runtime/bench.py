@@ -22,6 +22,7 @@ import numpy as np
 from npu_deploy._display import duration_ms, plural, table
 from npu_deploy._result import Result
 from npu_deploy.errors import InputError
+from npu_deploy._version import __version__
 
 PERCENTILES = (50, 90, 95, 99)
 
@@ -64,8 +65,6 @@ def latency_stats(seconds: Sequence[float]) -> LatencyStats:
 
 def versions() -> dict[str, str]:
     """Versions of the pieces that decide the numbers (npu-deploy, Python, numpy, onnx, onnxruntime)."""
-    from npu_deploy._version import __version__
-
     out = {"npu_deploy": __version__, "python": platform.python_version(), "numpy": np.__version__,
            "platform": platform.platform()}
     for mod in ("onnx", "onnxruntime"):

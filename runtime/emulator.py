@@ -53,6 +53,12 @@ from npu_deploy.converters.lowering import cost as cost_model
 from npu_deploy.converters.lowering import ops as optable
 from npu_deploy.errors import BundleError, InputError, ModelError
 from npu_deploy.runtime.backend import Backend, Gear, TensorMeta
+from npu_deploy import _io
+from npu_deploy.converters import formats
+from npu_deploy.converters.files.bundle import read_bundle
+from npu_deploy.converters.formats.graph import is_identity
+from npu_deploy.runtime.executable import _fill_missing_optional_inputs
+from npu_deploy.runtime.executable import build_plan_graph
 
 _LOW_PRECISION = {"float16": TensorProto.FLOAT16, "bfloat16": TensorProto.BFLOAT16}
 _FP16_MODES = optable.FP16_MODES
@@ -119,8 +125,6 @@ class _Transfer:
     def pack(self, x: np.ndarray, *, reuse: bool = False) -> np.ndarray:
         """The host array in the device layout. ``reuse``: write into this transfer's own buffer from
         the previous run of the same shape (the device buffer is consumed within the run)."""
-        from npu_deploy.converters import formats
-
         if not reuse:
             return formats.pack(x, self.device_format, **self._kw())
         key = (x.shape, x.dtype)
@@ -132,8 +136,6 @@ class _Transfer:
 
     def unpack(self, phys: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
         """The device buffer as the lowered graph reads it; ``shape`` is the host array's shape."""
-        from npu_deploy.converters import formats
-
         if self.graph_format is None:
             return formats.unpack(phys, self.device_format, shape, **self._kw())
         kw = self._kw()
@@ -145,8 +147,6 @@ class _Transfer:
 
     def to_graph(self, x: np.ndarray) -> np.ndarray:
         """Host layout -> the graph's layout for a same-format (identity) transfer. Exact."""
-        from npu_deploy.converters import formats
-
         view = x.transpose(self.perm)
         if view.flags.c_contiguous:  # C == 1 or H == W == 1: same bytes, no copy
             return view
@@ -164,9 +164,6 @@ class ExecutedTensor:
 
     def logical(self) -> np.ndarray:
         """The buffer back in the tensor's logical layout (through the format core)."""
-        from npu_deploy.converters import formats
-
-        from npu_deploy.converters.formats.graph import is_identity
 
         st = self.stored
         if is_identity(st.format):  # a plain buffer in the tensor's own axis order is the tensor
@@ -246,8 +243,6 @@ class EmulatorBackend(Backend):
         return self._manifest.get("precision_mode")
 
     def _load_metadata(self) -> None:
-        from npu_deploy.converters.files.bundle import read_bundle
-
         with read_bundle(self.path, verify=False) as b:
             self._manifest = b.manifest
         man = self._manifest
@@ -283,8 +278,6 @@ class EmulatorBackend(Backend):
 
     # ------------------------------------------------------------------ life cycle
     def _activate(self) -> None:
-        from npu_deploy.converters.files.bundle import read_bundle
-
         with read_bundle(self.path, verify=True) as bundle:
             weights = bundle_weights(bundle)
             graph = onnx.ModelProto()
@@ -326,8 +319,6 @@ class EmulatorBackend(Backend):
                    *, expose: bool = False) -> Any:
         """The plan-executing graph (:class:`~npu_deploy.runtime.executable.PlanGraph`) and its session
         for one set of logical input shapes (graph layout), built on first use."""
-        from npu_deploy.runtime.executable import build_plan_graph
-
         key = (tuple(sorted((k, tuple(v)) for k, v in shapes.items())), expose)
         hit = self._plan_sessions.get(key)
         if hit is None:
@@ -499,8 +490,6 @@ def build_runnable_model(graph: onnx.ModelProto, manifest: dict[str, Any],
     """The original graph with the weights put back and float16 rounding inserted where the plan holds
     float tensors in float16/bfloat16: the benchmarking mode (``execute_plan=False``) and the shapes
     of the estimated profile. The plan itself is executed by :mod:`npu_deploy.runtime.executable`."""
-    from npu_deploy.runtime.executable import _fill_missing_optional_inputs
-
     model = onnx.ModelProto()
     model.CopyFrom(graph)
     if model.ir_version < 4:
@@ -766,8 +755,6 @@ def write_estimated_profile(root: str | os.PathLike, manifest: dict[str, Any], m
     """Write ``root/PROF_<n>_<ts>_<id>/mindstudio_profiler_output/{op_summary,op_statistic}_<ts>.csv``
     and ``README.txt`` for the runs that started at ``run_starts`` (epoch seconds). Returns the
     ``PROF_*`` folder. The folder appears complete or not at all."""
-    from npu_deploy import _io
-
     root = _io.make_output_folder(root)  # a failure to create it is exit 3, naming the folder
     rows = profile_rows(manifest, model)
     now = time.time()

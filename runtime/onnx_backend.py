@@ -31,6 +31,10 @@ import numpy as np
 import onnx
 from onnx.backend.base import Backend as OnnxBackend
 from onnx.backend.base import BackendRep
+from npu_deploy.converters.lowering import pipeline
+from npu_deploy.converters.lowering.convert import convert
+from npu_deploy.converters.lowering.options import ConvertOptions
+from npu_deploy.runtime.emulator import EmulatorBackend
 
 PRECISION_MODE = "must_keep_origin_dtype"
 
@@ -115,15 +119,11 @@ class NpuDeployBackend(OnnxBackend):
 
     @classmethod
     def _convert(cls, src: Path, out: Path, input_shapes: dict | None) -> None:
-        from npu_deploy.converters.lowering.convert import convert
-
         convert(str(src), output=str(out), backend="builtin", precision_mode=cls.precision_mode,
                 input_shapes=input_shapes)
 
     @classmethod
     def _open(cls, model: onnx.ModelProto, input_shapes: dict | None) -> Any:
-        from npu_deploy.runtime.emulator import EmulatorBackend
-
         with tempfile.TemporaryDirectory(prefix="npu-deploy-conf-") as d:
             src = Path(d) / "model.onnx"
             onnx.save(model, src)
@@ -159,8 +159,6 @@ class NpuDeployLoweringBackend(NpuDeployBackend):
 
     @classmethod
     def _convert(cls, src: Path, out: Path, input_shapes: dict | None) -> None:
-        from npu_deploy.converters.lowering import pipeline
-        from npu_deploy.converters.lowering.options import ConvertOptions
 
         options = ConvertOptions(backend="builtin", soc=cls.soc, precision_mode=cls.precision_mode,
                                  input_shapes=input_shapes)

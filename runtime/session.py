@@ -44,6 +44,9 @@ exit, whichever comes first.
 
 from __future__ import annotations
 
+# Imports inside functions here are lazy on purpose: the emulator backend loads onnxruntime, the ACL
+# backend pyACL/acllite, convert the whole lowering; a session loads only the one its file needs.
+
 import atexit
 import collections
 import contextlib

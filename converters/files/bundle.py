@@ -97,6 +97,7 @@ from npu_deploy.converters import formats
 # memory): checked before anything is allocated (a manifest shape [1,3,2**40,2**40] is refused here)
 from npu_deploy.converters.files.onnx_model import MAX_TENSOR_BYTES
 from npu_deploy.errors import BundleError, ModelError
+from npu_deploy._result import _jsonable as base
 
 BUNDLE_MAGIC = b"\x89NPUBUNDL\r\n\x1a"
 BUNDLE_VERSION = 1
@@ -185,8 +186,6 @@ class WeightInfo:
 
 
 def _jsonable(obj: Any) -> Any:
-    from npu_deploy._result import _jsonable as base
-
     return base(obj)
 
 

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterator
 
 from npu_deploy.errors import OmError
+from npu_deploy.converters import formats
 
 OM_MAGIC = b"IMOD"                       # MODEL_FILE_MAGIC_NUM 0x444F4D49, little-endian
 HEADER_SIZE = 256
@@ -602,7 +603,6 @@ def format_text(value: Any) -> str:
         return "?"
     if isinstance(value, bool):
         return f"ge_format:{int(value)}"
-    from npu_deploy.converters import formats
 
     if isinstance(value, str):
         text = value.strip()

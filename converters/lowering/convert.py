@@ -47,6 +47,10 @@ from npu_deploy._result import Result
 from npu_deploy.converters.lowering import pipeline, ranges
 from npu_deploy.converters.lowering.options import ConvertOptions
 from npu_deploy.errors import DependencyError
+from npu_deploy.converters.lowering import aipp
+from npu_deploy.converters.lowering import atc as atcmod
+from npu_deploy.converters.lowering.planner import PlanReport
+from npu_deploy.errors import InputError
 
 
 
@@ -79,8 +83,6 @@ class ConvertResult(Result):
 
     def plan_report(self):
         """The built-in plan as a :class:`PlanReport` (None for the ATC backend)."""
-        from npu_deploy.converters.lowering.planner import PlanReport
-
         return None if self.plan is None else PlanReport.load(self.plan)
 
     def verdict(self) -> str:
@@ -196,8 +198,6 @@ def _aipp_prepended(ctx, src: Path, o: ConvertOptions, say):
     if o.insert_op_conf is None:
         yield ctx
         return
-    from npu_deploy.converters.lowering import aipp
-    from npu_deploy.errors import InputError
 
     configs = aipp.parse_config(o.insert_op_conf)
     if ctx.loaded.gears:
@@ -224,8 +224,6 @@ def _aipp_prepended(ctx, src: Path, o: ConvertOptions, say):
 
 
 def _run_atc(loaded, out: Path, o: ConvertOptions, *, atc_exe, say) -> tuple[dict, str]:
-    from npu_deploy.converters.lowering import atc as atcmod
-
     shapes = {i.name: tuple(i.shape) for i in loaded.inputs}
     extra = list(o.atc_args) + list(o.atc_flags)
     extra += [f"--{k}={v}" for k, v in (("out_nodes", o.out_nodes), ("output_type", o.output_type)) if v]

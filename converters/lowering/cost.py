@@ -86,6 +86,7 @@ from npu_deploy import _thresholds
 from npu_deploy._result import Result
 from npu_deploy.converters.files.feeds import InputSpec, generate_inputs
 from npu_deploy.errors import InputError, ModelError
+from npu_deploy.converters.lowering import support
 
 FORMATTRANS_THRESHOLD_PCT = _thresholds.FORMATTRANS_THRESHOLD_PCT
 
@@ -414,8 +415,6 @@ def cann_type(op_type: str, opset: int = 17) -> str:
     >>> cann_type("Conv"), cann_type("NoSuchOp")
     ('Conv2D', 'NoSuchOp')
     """
-    from npu_deploy.converters.lowering import support
-
     try:
         found = support._lookup("ai.onnx", int(opset), op_type)
     except Exception:  # the support data is optional for naming: keep the ONNX name

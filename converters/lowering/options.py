@@ -26,6 +26,7 @@ from npu_deploy.converters.files.onnx_model import split_ranges
 from npu_deploy.converters.lowering import atc as atcmod
 from npu_deploy.converters.lowering import planner
 from npu_deploy.errors import InputError
+from npu_deploy.converters.lowering.support import soc_family
 
 BACKENDS = ("auto", "atc", "builtin")
 DEFAULT_SOC = "Ascend310P3"
@@ -83,8 +84,6 @@ class ConvertOptions:
     shape_ranges: Mapping[str, tuple] | None = None
 
     def __post_init__(self) -> None:
-        from npu_deploy.converters.lowering.support import soc_family
-
         _split_ranges(self)
 
         object.__setattr__(self, "soc", self.soc or DEFAULT_SOC)

@@ -30,6 +30,11 @@ from npu_deploy.converters.formats.graph import same_format
 from npu_deploy.converters.lowering.contracts import Step, run_steps  # noqa: F401  (the one pass framework)
 from npu_deploy.converters.lowering.options import ConvertOptions
 from npu_deploy.errors import InternalError
+from npu_deploy.converters.files.bundle import read_bundle
+from npu_deploy.converters.files.bundle import write_plan_bundle
+from npu_deploy.converters.files.onnx_model import load_model
+from npu_deploy.converters.lowering.planner import plan
+from npu_deploy.converters.lowering.support import check_graph, check_support
 
 
 @dataclasses.dataclass
@@ -49,8 +54,6 @@ class Lowering:
 
 # ------------------------------------------------------------------------------------------ steps
 def _load(ctx: Lowering) -> None:
-    from npu_deploy.converters.files.onnx_model import load_model
-
     o = ctx.options
     ctx.loaded = load_model(ctx.source, input_shapes=o.input_shapes, dynamic_batch=o.dynamic_batch,
                             dynamic_dims=o.dynamic_dims, out_nodes=o.out_nodes, output_type=o.output_type)
@@ -63,8 +66,6 @@ def _check_loaded(ctx: Lowering) -> None:
 
 
 def _support(ctx: Lowering) -> None:
-    from npu_deploy.converters.lowering.support import check_graph, check_support
-
     loaded, o = ctx.loaded, ctx.options
     if ctx.gate:
         ctx.support = check_support(loaded, o.soc, precision_mode=o.precision_mode)
@@ -77,8 +78,6 @@ def _support(ctx: Lowering) -> None:
 
 
 def _plan(ctx: Lowering) -> None:
-    from npu_deploy.converters.lowering.planner import plan
-
     o = ctx.options
     ctx.plan = plan(ctx.loaded, soc=o.soc, precision_mode=o.precision, keep_dtype=o.keep_dtype,
                     enable_small_channel=o.enable_small_channel, input_format=o.input_format,
@@ -90,16 +89,12 @@ def _check_plan(ctx: Lowering) -> None:
 
 
 def _write(ctx: Lowering) -> None:
-    from npu_deploy.converters.files.bundle import write_plan_bundle
-
     out = ctx.output or ctx.source.with_suffix(".bundle")
     write_plan_bundle(out, ctx.loaded, ctx.plan, support=ctx.support, progress=ctx.say)
     ctx.bundle = Path(out)
 
 
 def _check_bundle(ctx: Lowering) -> None:
-    from npu_deploy.converters.files.bundle import read_bundle
-
     with read_bundle(ctx.bundle, verify=True):
         pass
 

@@ -21,6 +21,7 @@ from npu_deploy.converters.lowering.plan_state import (C04, CUBE_OPS, HOST_LAYOU
                                                        _numel, _same, display_format, is_plain, output_format,
                                                        plain_name, view_shape)
 from npu_deploy.errors import InternalError
+from npu_deploy.converters import formats
 
 # ------------------------------------------------------------------------------------------------
 # Passes
@@ -929,8 +930,6 @@ def _operand_constants(state: PlanState) -> Iterable[tuple[_Node, str, tuple]]:
 
 
 def _plan_weights(state: PlanState) -> list[PackedWeight]:
-    from npu_deploy.converters import formats
-
     wanted: dict[str, list[tuple[_Node, tuple]]] = {}
     for n in state.nodes:
         ws = n.rule.weight_slot

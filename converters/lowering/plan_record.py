@@ -9,6 +9,7 @@ from typing import Any, ClassVar
 
 from npu_deploy._result import Result
 from npu_deploy.converters.lowering.plan_state import FORMATTRANS_THRESHOLD_PCT, NodeFormats, PackedWeight, TransData
+from npu_deploy._version import __version__
 
 # ------------------------------------------------------------------------------------------------
 # The plan and its report
@@ -186,8 +187,6 @@ class Plan:
 
     def to_manifest(self, *, support=None, source_model: dict | None = None) -> dict:
         """The bundle manifest: every decision of this plan, as it is (nothing is re-derived)."""
-        from npu_deploy._version import __version__
-
         cost = self.cost.manifest_summary() if self.cost is not None else {
             "estimated": True, "soc": self.soc, "formattrans_share": None, "est_us": {}}
         return {

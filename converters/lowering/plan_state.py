@@ -16,6 +16,8 @@ import onnx
 from npu_deploy import _thresholds
 from npu_deploy.converters.lowering import ops
 from npu_deploy.errors import InputError
+from npu_deploy.converters import formats
+from npu_deploy.converters.lowering.support import AI_CPU, BUILTIN, constant_tensors
 
 ND = "ND"
 NC1HWC0 = "NC1HWC0"
@@ -280,8 +282,6 @@ class PlanState:
     def __init__(self, loaded, support, *, precision_mode: str, keep_dtype: Sequence[str],
                  enable_small_channel: bool, input_format: str | None, outer_const: Iterable[str] = (),
                  soc: str = "Ascend310P3"):
-        from npu_deploy.converters.lowering.support import AI_CPU, BUILTIN, constant_tensors
-
         self.loaded = loaded
         self.graph = loaded.model.graph
         self.shapes: dict[str, tuple[int, ...]] = dict(loaded.shapes)
@@ -497,14 +497,10 @@ def _numel(shape: Sequence[int]) -> int:
 
 @functools.lru_cache(maxsize=4096)
 def formats_default_c0(dtype) -> int:
-    from npu_deploy.converters import formats
-
     return formats.default_c0(dtype)
 
 
 def _format_nbytes(fmt: str, shape: tuple[int, ...], dt: np.dtype, c0: int | None = None) -> int:
-    from npu_deploy.converters import formats
-
     try:
         return int(formats.nbytes(fmt, view_shape(fmt, shape), dt, c0=c0 or _c0_for(fmt, dt)))
     except Exception:  # a shape the format cannot hold: counted as stored plainly
@@ -513,8 +509,6 @@ def _format_nbytes(fmt: str, shape: tuple[int, ...], dt: np.dtype, c0: int | Non
 
 @functools.lru_cache(maxsize=256)
 def _c0_for(fmt: str, dtype: np.dtype) -> int | None:
-    from npu_deploy.converters import formats
-
     if is_plain(fmt):
         return None
     if fmt == C04:

@@ -93,6 +93,10 @@ from npu_deploy.converters.lowering.plan_state import (  # noqa: F401
     PackedWeight, PlanState, TransData, display_format, formats_default_c0, host_input_formats, is_plain,
     output_format, plain_name, rule_for, view_shape)
 from npu_deploy.errors import InputError
+from npu_deploy.converters import formats
+from npu_deploy.converters.lowering import cost as costmod
+from npu_deploy.converters.lowering import memory
+from npu_deploy.converters.lowering.support import check_support
 
 def plan(loaded, *, soc: str = "Ascend310P3", precision_mode: str | None = None,
          keep_dtype: Sequence[str] = (), enable_small_channel: bool = False,
@@ -102,8 +106,6 @@ def plan(loaded, *, soc: str = "Ascend310P3", precision_mode: str | None = None,
     ``precision_mode`` defaults to ATC's ``force_fp16``. ``support`` is the op-support report (computed
     when not given). Raises ``InputError`` for a bad precision mode or ``keep_dtype`` entry.
     """
-    from npu_deploy.converters.lowering import memory
-    from npu_deploy.converters.lowering.support import check_support
 
     precision_mode = precision_mode or "force_fp16"
     if precision_mode not in PRECISION_MODES:
@@ -175,8 +177,6 @@ def _host_gears(loaded, host_formats: dict[str, str]) -> list[dict[str, list[int
 
 def _tensor_plans(state: PlanState, tensor_formats: dict[str, str], tensor_dtypes: dict[str, str]
                   ) -> dict[str, TensorPlan]:
-    from npu_deploy.converters import formats
-
     dynamic = set(getattr(state.loaded, "data_dependent", ()))
     out: dict[str, TensorPlan] = {}
     for t, fmt in tensor_formats.items():
@@ -268,8 +268,6 @@ def _cost(state: PlanState, transdata: list[TransData], naive: list[TransData], 
           fused: set[str] = frozenset()) -> Any:
     """The estimate of the top-level graph plus its bodies: an If counts its costlier branch, a
     Loop/Scan body one iteration (trip counts are run-time values)."""
-    from npu_deploy.converters.lowering import cost as costmod
-
     try:
         costmod.get_soc_profile(soc)
     except InputError:

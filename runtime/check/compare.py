@@ -47,6 +47,7 @@ from npu_deploy.converters.lowering import aipp as aippmod
 from npu_deploy.converters.lowering import ops
 from npu_deploy.errors import InputError, ModelError
 from npu_deploy.runtime.backend import ORT_TYPES, TensorMeta
+from npu_deploy.runtime.session import InferenceSession
 
 FP32_TOLERANCE = {"atol": 1e-4, "rtol": 1e-3, "cosine_min": None, "max_outside": 0.0}
 FP16_TOLERANCE = {"atol": 1e-2, "rtol": 1e-2, "cosine_min": 0.999, "max_outside": 1e-3}
@@ -402,7 +403,6 @@ def _open_target(target: Any, *, backend: str, device_id: int):
     """A session-like object for ``target`` and whether we own it (must close it)."""
     if hasattr(target, "run") and hasattr(target, "get_inputs"):
         return target, False
-    from npu_deploy.runtime.session import InferenceSession
 
     return InferenceSession(target, device_id=device_id, backend=backend), True
 

@@ -67,6 +67,13 @@ from npu_deploy._thresholds import FORMATTRANS_THRESHOLD_PCT
 from npu_deploy._result import Result
 from npu_deploy.converters.files import dump as dumpfile
 from npu_deploy.errors import BundleError, InputError, ModelError
+from npu_deploy.converters.files.bundle import BUNDLE_MAGIC
+from npu_deploy.converters.files.bundle import check_graph, check_self_contained, read_bundle, validate_manifest
+from npu_deploy.converters.files.om import read_om
+from npu_deploy.converters.files.onnx_model import check_initializer_sizes # imports onnx, as above
+from npu_deploy.converters.files.onnx_model import load_model
+from npu_deploy.converters.lowering import planner
+from npu_deploy.converters.lowering.support import check_support
 
 KINDS = ("onnx", "bundle", "om", "dump")
 
@@ -171,7 +178,6 @@ def detect_kind(path: str | os.PathLike) -> str:
             head = f.read(16)
     except OSError as e:
         raise InputError(f"{p}: cannot read ({e.strerror})") from None
-    from npu_deploy.converters.files.bundle import BUNDLE_MAGIC
     if head.startswith(BUNDLE_MAGIC):
         return "bundle"
     if head[:4] in (b"IMOD", b"PICO", b"PK\x03\x04"):
@@ -319,7 +325,6 @@ def _inspect_onnx(path: Path, *, soc: str | None, ops: bool, layers: bool,
     import onnx
     from google.protobuf.message import DecodeError
 
-    from npu_deploy.converters.files.onnx_model import check_initializer_sizes  # imports onnx, as above
     try:
         # the bytes read here, bounded by the file's size (a non-UTF-8 file name defeats onnx's own open)
         with open(path, "rb") as f:
@@ -396,8 +401,6 @@ def _text_only(v: Any) -> Any:
 
 def _onnx_on_soc(path: Path, info: dict, *, soc: str, ops: bool, layers: bool,
                  input_shapes, dynamic_batch, precision_mode, notes: list[str]) -> tuple[dict, list[dict]]:
-    from npu_deploy.converters.files.onnx_model import load_model
-    from npu_deploy.converters.lowering.support import check_support
 
     loaded = load_model(path, input_shapes=input_shapes, dynamic_batch=dynamic_batch)
     report = check_support(loaded, soc, precision_mode=precision_mode)
@@ -414,7 +417,6 @@ def _onnx_on_soc(path: Path, info: dict, *, soc: str, ops: bool, layers: bool,
             s = by_name.get(node.get("planned_name", node["name"]))
             if s is not None:
                 node.update(engine=s.engine, cann_op=s.cann_op, folded=s.folded)
-    from npu_deploy.converters.lowering import planner
 
     return _with_plan(planner, loaded, report, out, soc=soc, layers=layers, precision_mode=precision_mode)
 
@@ -474,8 +476,6 @@ def _bundle_tensor(t: Any) -> dict:
 
 
 def _inspect_bundle(path: Path, *, ops: bool, layers: bool, verify: bool) -> InspectReport:
-    from npu_deploy.converters.files.bundle import check_graph, check_self_contained, read_bundle, validate_manifest
-
     problems: list[str] = []
     notes: list[str] = []
     checks: list[dict] = []
@@ -607,8 +607,6 @@ def _scalar_attrs(attrs: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _inspect_om(path: Path, *, ops: bool, layers: bool) -> InspectReport:
-    from npu_deploy.converters.files.om import read_om
-
     om = read_om(path, keep_ops=ops or layers)
     info: dict[str, Any] = {
         "variant": om.variant,

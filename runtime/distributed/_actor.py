@@ -17,6 +17,8 @@ from npu_deploy.errors import InputError, NpuDeployError
 from npu_deploy.runtime.distributed._ring import attach_shared_memory
 from npu_deploy.runtime.distributed._samples import _Chunk, write_outputs
 from npu_deploy.runtime.session import sniff_model
+from npu_deploy.runtime.emulator import EmulatorBackend
+from npu_deploy.runtime.session import InferenceSession
 
 
 def device_id_for(accelerator_ids: list[str], environ: dict | None = None) -> int:
@@ -185,8 +187,6 @@ class NpuPredictor(NpuWorker):
 def open_session(path: str | os.PathLike, backend: str = "auto", device_id: int = 0, threads: int | None = None):
     """One :class:`~npu_deploy.runtime.session.InferenceSession` for ``path``; ``threads`` limits
     onnxruntime's threads when a bundle runs on the emulator."""
-    from npu_deploy.runtime.session import InferenceSession
-
     if not (threads and backend in ("auto", "emulator") and sniff_model(path) == "bundle"):
         return InferenceSession(path, device_id=device_id, backend=backend)
     import onnxruntime as ort
@@ -198,7 +198,6 @@ def open_session(path: str | os.PathLike, backend: str = "auto", device_id: int 
     if "sess_options" in inspect.signature(InferenceSession).parameters:
         return InferenceSession(path, backend="emulator", sess_options=opts)
     # an InferenceSession without sess_options: the emulator backend it would hold (same run/get_inputs)
-    from npu_deploy.runtime.emulator import EmulatorBackend
 
     be = EmulatorBackend(path, session_options=opts)
     be.activate()
