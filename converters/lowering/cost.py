@@ -87,6 +87,7 @@ from npu_deploy._result import Result
 from npu_deploy.converters.files.feeds import InputSpec, generate_inputs
 from npu_deploy.errors import InputError, ModelError
 from npu_deploy.converters.lowering import support
+from npu_deploy.converters.lowering.ops import soc_family
 
 FORMATTRANS_THRESHOLD_PCT = _thresholds.FORMATTRANS_THRESHOLD_PCT
 
@@ -402,10 +403,9 @@ SOC_PROFILES["Ascend310P3"] = dataclasses.replace(
     SOC_PROFILES["Ascend310P3"], calibration={"calibrated": False,
                                               "summary": "datasheet peaks and assumed efficiencies; no 310P3 capture"})
 
-# SoC family prefixes that share a profile (assumption: same silicon, different bins/packaging). Order
-# matters: the longest prefix of a family comes first.
-_FAMILIES = {"Ascend310P": "Ascend310P3", "Ascend310B": "Ascend310B", "Ascend910B": "Ascend910B",
-             "Ascend910_93": "Ascend910_93", "Ascend310": "Ascend310", "Ascend910": "Ascend910"}
+# A SoC uses its family's profile (ops.soc_family; assumption: same silicon, other bins or packaging);
+# the profiles are named after their family, except Ascend310P's, named after its chip.
+_PROFILE_OF_FAMILY = {"Ascend310P": "Ascend310P3"}
 
 
 def cann_type(op_type: str, opset: int = 17) -> str:
@@ -494,9 +494,9 @@ def get_soc_profile(soc: "str | SocProfile | os.PathLike") -> SocProfile:
             raise InputError(f"SoC profile {text}: {e}") from None
     if text in SOC_PROFILES:
         return SOC_PROFILES[text]
-    for prefix, name in _FAMILIES.items():
-        if text.startswith(prefix):
-            return SOC_PROFILES[name]
+    family = soc_family(text)
+    if family is not None and _PROFILE_OF_FAMILY.get(family, family) in SOC_PROFILES:
+        return SOC_PROFILES[_PROFILE_OF_FAMILY.get(family, family)]
     raise InputError(f"no cost profile for SoC {text!r}",
                      hint=f"known: {', '.join(SOC_PROFILES)}; or pass a SocProfile / JSON file")
 
