@@ -193,6 +193,10 @@ class SocProfile:
             if k not in ("name", "sources"):
                 sources[k] = "user override"
         sources.update(d.pop("sources", None) or {})
+        if "calibration" not in d and set(d) - {"name"}:
+            # the base's measured accuracy is not this profile's once a figure changed (a fitted profile
+            # carries its own calibration record)
+            base["calibration"] = {"calibrated": False}
         base.update(d)
         base["sources"] = sources
         for f in cls._RATES + cls._FRACTIONS + cls._TIMES:

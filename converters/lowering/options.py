@@ -20,10 +20,13 @@ npu_deploy.errors.InputError: precision mode force_fp32 is an ATC mode the built
 from __future__ import annotations
 
 import dataclasses
+import json
+import os
 from typing import Any, Mapping, Sequence
 
 from npu_deploy.converters.files.onnx_model import split_ranges
 from npu_deploy.converters.lowering import atc as atcmod
+from npu_deploy.converters.lowering import cost
 from npu_deploy.converters.lowering import planner
 from npu_deploy.errors import InputError
 from npu_deploy.converters.lowering.support import soc_family
@@ -82,11 +85,18 @@ class ConvertOptions:
     #: ``{input: per-dim (low, high) or None}``: ranges given in ``input_shapes`` (``"1~4"``, ATC >= 8.5)
     #: or ATC's older ``--input_shape_range``; ``input_shapes`` then holds the largest shape of each
     shape_ranges: Mapping[str, tuple] | None = None
+    #: a SoC profile JSON given as ``soc`` (``npu-deploy cost fit -o my.json``): the estimate uses it,
+    #: the planning (and ATC) its ``base`` SoC
+    cost_profile: Any = None
 
     def __post_init__(self) -> None:
         _split_ranges(self)
 
         object.__setattr__(self, "soc", self.soc or DEFAULT_SOC)
+        if self.cost_profile is None and _is_profile_path(str(self.soc)):
+            profile, base = _read_profile(str(self.soc))
+            object.__setattr__(self, "cost_profile", profile)
+            object.__setattr__(self, "soc", base)
         object.__setattr__(self, "keep_dtype", tuple(self.keep_dtype or ()))
         object.__setattr__(self, "atc_args", tuple(self.atc_args or ()))
         object.__setattr__(self, "atc_flags", tuple(self.atc_flags or ()))
@@ -181,3 +191,16 @@ def _split_ranges(o: ConvertOptions) -> None:
         shapes[name] = tuple(dims)
     object.__setattr__(o, "input_shapes", shapes)
     object.__setattr__(o, "shape_ranges", {n: tuple(r) for n, r in ranges.items()})
+
+
+def _is_profile_path(soc: str) -> bool:
+    return soc.lower().endswith(".json") or os.sep in soc
+
+
+def _read_profile(path: str):
+    """A SoC profile JSON (``cost fit``'s output): the profile, checked field by field, and the SoC it is
+    based on (what the planner plans for and ATC compiles for)."""
+    profile = cost.get_soc_profile(path)   # unreadable, not JSON, unknown or out-of-range fields: one line
+    with open(path, encoding="utf-8") as f:
+        base = json.load(f).get("base", DEFAULT_SOC)
+    return profile, str(base)

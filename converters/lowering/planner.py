@@ -100,11 +100,13 @@ from npu_deploy.converters.lowering.support import check_support
 
 def plan(loaded, *, soc: str = "Ascend310P3", precision_mode: str | None = None,
          keep_dtype: Sequence[str] = (), enable_small_channel: bool = False,
-         input_format: str | None = None, support=None) -> Plan:
+         input_format: str | None = None, support=None, cost_profile=None) -> Plan:
     """Plan the built-in lowering of a loaded model (see the module docstring).
 
     ``precision_mode`` defaults to ATC's ``force_fp16``. ``support`` is the op-support report (computed
-    when not given). Raises ``InputError`` for a bad precision mode or ``keep_dtype`` entry.
+    when not given). ``cost_profile`` (a :class:`~npu_deploy.converters.lowering.cost.SocProfile`, e.g.
+    ``cost fit``'s) prices the estimate instead of ``soc``'s built-in profile. Raises ``InputError`` for a
+    bad precision mode or ``keep_dtype`` entry.
     """
 
     precision_mode = precision_mode or "force_fp16"
@@ -143,7 +145,7 @@ def plan(loaded, *, soc: str = "Ascend310P3", precision_mode: str | None = None,
     mem = _memory_plan(state, transdata, memory)  # the top-level graph's (bodies: sized at run time)
     fused = fusion.fused_tensors(loaded.model.graph, {k: v.to_manifest() for k, v in node_formats.items()},
                                  [t.to_manifest() for t in transdata], set(loaded.constants))
-    cost = _cost(state, transdata, naive, soc, set(fused))
+    cost = _cost(state, transdata, naive, cost_profile or soc, set(fused))
     transdata = transdata + [td for b in bodies for td in b.transdata]
     naive = naive + [td for b in bodies for td in b.naive]
     for k, td in enumerate(transdata):

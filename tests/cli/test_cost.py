@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -62,3 +63,30 @@ def test_bad_profile_names_the_field(run_cli, tmp_path):
     bad.write_text(json.dumps({"name": "x", "base": "Ascend910B", "bw_efficiency": 7}))
     code, _, err = run_cli("cost", "check", CNN, "--soc", bad)
     assert code == 2 and "bw_efficiency" in err
+
+
+def test_a_profile_json_works_where_soc_does(tmp_path, run_cli, example_onnx):
+    """`convert --soc my.json` (what `cost fit -o` writes): the plan is its base SoC's, the estimate
+    the profile's own figures; a field out of range is refused naming it."""
+    import json as _json
+
+    from npu_deploy.converters.files.bundle import read_bundle
+
+    slow = tmp_path / "slow910B.json"
+    slow.write_text(_json.dumps({"name": "slow910B", "base": "Ascend910B", "bandwidth_gbps": 40.0}))
+    out = {}
+    for soc in ("Ascend910B", str(slow)):
+        b = tmp_path / f"{Path(soc).stem}.bundle"
+        code, _, err = run_cli("convert", example_onnx, "-o", b, "--backend", "builtin", "--soc", soc)
+        assert code == 0, err
+        with read_bundle(b) as bundle:
+            out[soc] = bundle.manifest
+    base, mine = out["Ascend910B"], out[str(slow)]
+    where = lambda m: [(t["name"], t["src_format"], t["dst_format"], t["bytes"]) for t in m["transdata"]]  # noqa: E731
+    assert mine["soc"] == "Ascend910B" and where(mine) == where(base)              # planned as its base
+    us = lambda m: [t["est_us"] for t in m["transdata"]]  # noqa: E731
+    assert all(a > b for a, b in zip(us(mine), us(base))) and us(mine)  # 40 GB/s, not the calibrated figure
+    bad = tmp_path / "bad.json"
+    bad.write_text(_json.dumps({"name": "bad", "base": "Ascend910B", "bandwidth_gbps": -1}))
+    code, _, err = run_cli("convert", example_onnx, "-o", tmp_path / "x.bundle", "--backend", "builtin", "--soc", str(bad))
+    assert code == 2 and "bandwidth_gbps" in err and not (tmp_path / "x.bundle").exists()
