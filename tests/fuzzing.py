@@ -2,7 +2,20 @@
 
 from __future__ import annotations
 
+import os
+
 from hypothesis import strategies as st
+
+
+def examples(n: int) -> int:
+    """How many examples a fuzz test draws: ``n`` by default.
+
+    ``FUZZ_SCALE=K`` multiplies every fuzz test's count by K (a long fuzz run: ``FUZZ_SCALE=40 pytest
+    tests -k fuzz``); ``FUZZ_EXAMPLES=N`` sets it to N for every fuzz test.
+    """
+    if os.environ.get("FUZZ_EXAMPLES"):
+        return max(1, int(os.environ["FUZZ_EXAMPLES"]))
+    return max(1, round(n * float(os.environ.get("FUZZ_SCALE", "1"))))
 
 
 def byte_edits(max_pos: int = 1 << 20, max_size: int = 3):

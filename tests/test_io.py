@@ -21,6 +21,7 @@ from npu_deploy._io import (atomic_path, atomic_write, clean_stale_parts, instal
                             refuse_overwriting, safe_file_stem, same_file, write_part)
 from npu_deploy.errors import EXIT_ENVIRONMENT, InputError, Interrupted, OutputError
 from tests.fullfs import full_fs  # noqa: F401  (fixture)
+from tests.fuzzing import examples
 
 
 def _parts(folder):
@@ -342,7 +343,7 @@ _edits = st.lists(st.tuples(st.integers(0, 10**6), st.integers(0, 255), st.just(
 _cuts = st.lists(st.tuples(st.integers(0, 10**6), st.integers(0, 255), st.booleans()), max_size=3)
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=examples(300), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(edits=st.one_of(_edits, _cuts))
 @example(edits=[(411, 0, False)])  # an .npz member whose name becomes empty: zipfile's is_dir() raised IndexError
 @pytest.mark.slow

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from npu_deploy.errors import ProfileError
 from npu_deploy.profiling.analyze import ProfileReport, analyze_profile
+from tests.fuzzing import examples
 from tests.profiling.helpers import csv_text, flagged_rows
 
 BASE_TEXT = csv_text(flagged_rows())
@@ -71,13 +72,13 @@ def _check(data: bytes, name: str) -> None:
         r.to_json()  # serialisable, NaN-free
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(150), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(mutated_csv())
 def test_mutated_op_summary_never_crashes(data):
     _check(data, "op_summary_0_1.csv")
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(st.binary(max_size=300))
 def test_random_bytes_never_crash(data):
     _check(data, "kernel_details.csv")
@@ -106,7 +107,7 @@ def timeline(draw):
     return json.dumps(draw(st.sampled_from([events, {"traceEvents": events}]))).encode()
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(40), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(timeline())
 def test_mutated_timeline_never_crashes(data):
     _check(data, "trace_view.json")
@@ -158,7 +159,7 @@ def mutated_file(draw) -> tuple[str, bytes]:
     return name, bytes(data)
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(300), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(mutated_file())
 # the cases of issue 12 that were exit 4, always run
 @example(("op_statistic_0_1.csv", BASE_FILES["op_statistic_0_1.csv"].replace(b",3,", b",inf,")))
@@ -169,7 +170,7 @@ def test_mutated_profiles_never_crash(case):
     _check(data, name)
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(25), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(mutated_file())
 def test_mutated_profiles_through_the_cli_exit_0_or_2(case):
     import contextlib
@@ -192,7 +193,7 @@ def test_mutated_profiles_through_the_cli_exit_0_or_2(case):
     assert "\x1b" not in out.getvalue() + err.getvalue()
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(st.binary(max_size=400), st.integers(1, 64))
 def test_stream_reader_on_random_bytes_agrees_with_json(data, chunk):
     from npu_deploy.profiling._jsonstream import iter_events
@@ -219,7 +220,7 @@ def test_stream_reader_on_random_bytes_agrees_with_json(data, chunk):
             assert got is None
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(st.lists(json_values, max_size=12), st.integers(1, 40), st.booleans())
 def test_stream_reader_on_valid_arrays_matches_json_load(events, chunk, wrap):
     from npu_deploy.profiling._jsonstream import iter_events

@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from npu_deploy.converters.files import dump
 from npu_deploy.converters.files.dump import (DT, DumpError, DumpTensor, dump_file_name, read_dump, read_dump_folder,
                                         write_dump, write_dump_folder)
+from tests.fuzzing import examples
 
 
 # ------------------------------------------------------------------ the test's own protobuf encoder
@@ -277,7 +278,7 @@ def test_sizes_beyond_the_file_are_checked_before_reading(tmp_path):
         read_dump(p)
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=examples(150), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data())
 def test_fuzz_reader_only_raises_dump_error(tmp_path_factory, data):
     folder = tmp_path_factory.mktemp("fz")

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from npu_deploy.converters import formats
 from npu_deploy.errors import NpuDeployError
+from tests.fuzzing import examples
 
 FORMAT_NAMES = sorted(formats.FORMATS)
 formats_ = st.one_of(st.sampled_from(FORMAT_NAMES), st.text(max_size=12), st.integers(-5, 1 << 33),
@@ -23,7 +24,7 @@ dtypes = st.sampled_from(["float16", "float32", "int8", "uint8", "bfloat16", "fl
 c0s = st.none() | st.integers(-2, 70) | st.sampled_from([True, 0, 1 << 20])
 groups_ = st.integers(-1, 40) | st.sampled_from([1, 1 << 17])
 origins = st.none() | st.sampled_from(["NCHW", "NHWC", "HWCN", "ND", "NCDHW", "nope", ""])
-SLOW = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+SLOW = settings(max_examples=examples(300), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 def _small(shape) -> bool:

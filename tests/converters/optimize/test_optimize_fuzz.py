@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.conftest import write_example
-from tests.fuzzing import byte_edits, mutate
+from tests.fuzzing import byte_edits, examples, mutate
 
 
 def _stored(m: onnx.ModelProto) -> list[onnx.TensorProto]:
@@ -43,7 +43,7 @@ def test_an_initializer_whose_dims_disagree_with_its_data_is_refused(run_cli, tm
 
 
 @pytest.mark.slow
-@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=examples(12), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(pick=st.integers(0, 10_000), dim=st.integers(0, 7), value=st.integers(0, 70), edits=byte_edits(max_size=2),
        flip=st.booleans())
 def test_mutated_example_model_is_refused_or_optimized(run_cli, tmp_path, pick, dim, value, edits, flip):
@@ -66,7 +66,7 @@ def test_mutated_example_model_is_refused_or_optimized(run_cli, tmp_path, pick, 
 
 @pytest.mark.slow
 @pytest.mark.realmodel
-@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=examples(6), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(pick=st.integers(0, 10_000), dim=st.integers(0, 7), value=st.integers(0, 300))
 def test_mutated_silero_is_refused_or_optimized(run_cli, real_model, tmp_path, pick, dim, value):
     m = onnx.load(real_model("silero_vad"))

@@ -24,6 +24,7 @@ from npu_deploy.converters.files.om import read_om
 from npu_deploy.errors import InputError, ModelError, OmError
 from tests.conftest import SHARED_DATA
 from tests.converters.files.test_om import _oracle_modeldef
+from tests.fuzzing import examples
 from tests.standins.omfile import build_om, op, tensor, transdata
 
 OM_DIR = SHARED_DATA / "om"
@@ -397,7 +398,7 @@ def test_real_model_against_an_atc_like_om(real_model, tmp_path, run_cli):
 # ---------------------------------------------------------------------------------------------------
 # hostile graphs: cycles, dangling edges, odd attributes never crash the walk
 
-_FUZZ = dict(max_examples=40, deadline=None, database=None)
+_FUZZ = dict(max_examples=examples(40), deadline=None, database=None)
 
 
 @pytest.mark.slow
