@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import struct
 
 import numpy as np
@@ -21,10 +20,10 @@ from hypothesis import strategies as st
 
 from npu_deploy.converters.files.bundle import read_bundle, validate_manifest
 from npu_deploy.errors import NpuDeployError
-from tests.fuzzing import byte_edits, mutate
+from tests.fuzzing import byte_edits, examples, mutate
 from tests.runtime.check.test_inspect_bundle import reseal
 
-FUZZ = settings(max_examples=int(os.environ.get("FUZZ_EXAMPLES", 60)), deadline=None, database=None,
+FUZZ = settings(max_examples=examples(60), deadline=None, database=None,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture,
                                        HealthCheck.data_too_large])
 _MAX_FEED = 1 << 16  # elements: larger (mutated) input shapes are read but not fed

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from npu_deploy.converters.files.om import OmError, format_text, model_out_names, read_om
 from tests.standins.omfile import build_om_bytes, op, tensor, transdata
+from tests.fuzzing import examples
 
 _COMMON = dict(inputs=[tensor("x", "float16", [-1, 3, 8, 8], "NCHW"), tensor("m", "int64", [-1, 4])],
                outputs=[tensor("y", "float16", [-1, 10], 29 | 4 << 24)],
@@ -27,7 +28,7 @@ SEEDS = [build_om_bytes(header_version=1, table="tiny", **_COMMON),
 # warm up lazy imports (the format registry) so the memory check below sees only the parse
 format_text(29 | 4 << 24)
 model_out_names(["a:0"])
-FUZZ = settings(max_examples=int(__import__("os").environ.get("FUZZ_EXAMPLES", 150)), deadline=None, database=None,
+FUZZ = settings(max_examples=examples(150), deadline=None, database=None,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 
 

@@ -17,10 +17,10 @@ from hypothesis import strategies as st
 from npu_deploy.converters.files.bundle import write_bundle
 from npu_deploy.runtime.check.inspect import inspect, render_text
 from npu_deploy.errors import NpuDeployError
-from tests.fuzzing import byte_edits, mutate
+from tests.fuzzing import byte_edits, examples, mutate
 from tests.runtime.check.test_inspect_bundle import _graph, _weights, manifest, reseal
 
-FUZZ = settings(max_examples=int(__import__("os").environ.get("FUZZ_EXAMPLES", 60)), deadline=None, database=None,
+FUZZ = settings(max_examples=examples(60), deadline=None, database=None,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 
 
