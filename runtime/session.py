@@ -20,9 +20,9 @@ The API follows onnxruntime's, so code written for ``onnxruntime.InferenceSessio
   refused on a device where they cannot apply), ``get_providers()``, ``get_modelmeta()``,
   ``end_profiling()``;
 * ``get_inputs()`` / ``get_outputs()``: :class:`NodeArg` with ``.name``, ``.shape`` (a dynamic dim is its
-  name, a ``str``, as onnxruntime gives it) and ``.type`` (``"tensor(float)"``), and every
+  name, a ``str``, or ``None`` when unnamed, as onnxruntime gives it) and ``.type`` (``"tensor(float)"``), and every
   :class:`~npu_deploy.runtime.backend.TensorMeta` field besides (``format``, ``device_format``,
-  ``gears`` …; a dynamic dim still compares equal to -1 for code written against TensorMeta);
+  ``gears`` …; a named dynamic dim still compares equal to -1 for code written against TensorMeta);
 * ``run(output_names | None, feeds, run_options=None)``; ``io_binding()`` + ``run_with_iobinding()``
   keep bound inputs in place between runs (on the CPU: copied once at bind time, like a device copy).
 
@@ -206,7 +206,8 @@ class InferenceSession:
             raise
         self._backend = be
         #: ``{input: per-dim (low, high) or None}`` of a shape-range bundle (``convert --input-shape x:1~4,...``)
-        self.ranges = _bundle_ranges(be)
+        #: or shape-range ``.om`` (:attr:`npu_deploy.runtime.acl.AclBackend.ranges`)
+        self.ranges = _bundle_ranges(be) or dict(getattr(be, "ranges", None) or {})
         with _open_lock:
             _open_sessions.add(self)
 
@@ -456,15 +457,16 @@ class NodeArg:
     """An input or output as onnxruntime describes it (``.name``, ``.shape``, ``.type``), carrying the
     :class:`~npu_deploy.runtime.backend.TensorMeta` fields (``dtype``, ``format``, ``device_format``,
     ``device_shape``, ``nbytes``, ``gears``, ``rank``, ``is_dynamic``, ``to_dict()``) besides.
-    ``.shape`` is a list, as onnxruntime gives it; a dynamic dim is a :class:`DimName` (``"unk__<axis>"`` when the model does
-    not name it)."""
+    ``.shape`` is a list, as onnxruntime gives it: a dynamic dim is a :class:`DimName` when the model
+    names it (``dim_param``) and ``None`` when it does not (neither ``dim_value`` nor ``dim_param``, or a
+    dynamic dim of an ``.om``), exactly as onnxruntime reports it."""
 
     __slots__ = ("meta", "shape", "type")
 
     def __init__(self, meta: TensorMeta, names: Sequence[str | None] = ()):
         self.meta = meta
         names = list(names) + [None] * (len(meta.shape) - len(names))
-        self.shape = [d if d >= 0 else DimName(names[k] or f"unk__{k}") for k, d in enumerate(meta.shape)]
+        self.shape = [d if d >= 0 else (DimName(names[k]) if names[k] else None) for k, d in enumerate(meta.shape)]
         by_dtype = {v: k for k, v in ORT_TYPES.items()}
         self.type = by_dtype.get(np.dtype(meta.dtype).name, f"tensor({np.dtype(meta.dtype).name})")
 
