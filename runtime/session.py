@@ -53,6 +53,7 @@ import contextlib
 import dataclasses
 import logging
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -153,6 +154,7 @@ class InferenceSession:
         #: how an ``.onnx`` path was made runnable ("" for a bundle or .om), e.g. "built-in lowering"
         self.conversion = ""
         self.source_model: Path | None = None
+        self._declared: dict | None = None   # the source .onnx's dim names, read on first get_inputs()
         self._sess_options = sess_options
         self._shape_cache: ShapeCache | None = None
         kind = sniff_model(self.path)
@@ -307,15 +309,27 @@ class InferenceSession:
         return [NodeArg(m, self._dim_names("output", m)) for m in self.backend.get_outputs()]
 
     def _dim_names(self, kind: str, meta: TensorMeta) -> list[str | None]:
+        """The name of each dim as onnxruntime would report it on the model the user gave: the
+        ``dim_param`` of the source ``.onnx`` when the session converted one, else the bundle graph's
+        (without the names the toolchain invents for unnamed dims), else None (``.om``: unnamed)."""
         if isinstance(self._backend, ShapeCache):
             return self._backend.dim_names(kind, meta.name)
+        if self.source_model is not None:
+            if self._declared is None:
+                inputs, outputs = declared_io(self.source_model)
+                self._declared = {"input": {i.name: i.dim_names for i in inputs},
+                                  "output": {o.name: o.dim_names for o in outputs}}
+            names = self._declared[kind].get(meta.name)
+            if names is not None and len(names) == len(meta.shape):
+                return list(names)
         graph = getattr(self._backend, "_graph", None)
         if graph is not None:
             for vi in (graph.graph.input if kind == "input" else graph.graph.output):
                 if vi.name == meta.name and vi.type.HasField("tensor_type"):
                     dims = vi.type.tensor_type.shape.dim
                     if len(dims) == len(meta.shape):
-                        return [d.dim_param or None for d in dims]
+                        return [None if _invented_dim_name(d.dim_param, vi.name, k) else d.dim_param
+                                for k, d in enumerate(dims)]
         return [None] * len(meta.shape)
 
     def get_providers(self) -> list[str]:
@@ -752,6 +766,16 @@ def _bundle_ranges(backend: Backend) -> dict[str, tuple]:
         return {}
     return {str(n): tuple(tuple(int(v) for v in r) if isinstance(r, list) else None for r in rng)
             for n, rng in ranges.items() if isinstance(rng, list)}
+
+
+_UNK_DIM = re.compile(r"unk__\d+")
+
+
+def _invented_dim_name(name: str, tensor: str, axis: int) -> bool:
+    """True for no name, or one the toolchain made up for a dim the model left unnamed: onnx shape
+    inference's ``unk__<n>`` and the lowering's ``<tensor>_dim<axis>`` (``onnx_model._set_shape``).
+    onnxruntime reports such a dim of the original model as None."""
+    return not name or _UNK_DIM.fullmatch(name) is not None or name == f"{tensor}_dim{axis}"
 
 
 def _plain_format(rank: int) -> str:
