@@ -312,24 +312,23 @@ class InferenceSession:
         """The name of each dim as onnxruntime would report it on the model the user gave: the
         ``dim_param`` of the source ``.onnx`` when the session converted one, else the bundle graph's
         (without the names the toolchain invents for unnamed dims), else None (``.om``: unnamed)."""
-        if isinstance(self._backend, ShapeCache):
-            return self._backend.dim_names(kind, meta.name)
         if self.source_model is not None:
             if self._declared is None:
-                inputs, outputs = declared_io(self.source_model)
-                self._declared = {"input": {i.name: i.dim_names for i in inputs},
-                                  "output": {o.name: o.dim_names for o in outputs}}
+                self._declared = _ort_dims(self.source_model)
             names = self._declared[kind].get(meta.name)
             if names is not None and len(names) == len(meta.shape):
                 return list(names)
+        if isinstance(self._backend, ShapeCache):
+            return self._backend.dim_names(kind, meta.name)
         graph = getattr(self._backend, "_graph", None)
         if graph is not None:
             for vi in (graph.graph.input if kind == "input" else graph.graph.output):
                 if vi.name == meta.name and vi.type.HasField("tensor_type"):
                     dims = vi.type.tensor_type.shape.dim
                     if len(dims) == len(meta.shape):
-                        return [None if _invented_dim_name(d.dim_param, vi.name, k) else d.dim_param
-                                for k, d in enumerate(dims)]
+                        invented = {f"{i.name}_dim{k}" for i in graph.graph.input for k in range(MAX_RANK)}
+                        return [None if _invented_dim_name(d.dim_param) or d.dim_param in invented else d.dim_param
+                                for d in dims]
         return [None] * len(meta.shape)
 
     def get_providers(self) -> list[str]:
@@ -477,10 +476,12 @@ class NodeArg:
 
     __slots__ = ("meta", "shape", "type")
 
-    def __init__(self, meta: TensorMeta, names: Sequence[str | None] = ()):
+    def __init__(self, meta: TensorMeta, names: Sequence[str | int | None] = ()):
         self.meta = meta
         names = list(names) + [None] * (len(meta.shape) - len(names))
-        self.shape = [d if d >= 0 else (DimName(names[k]) if names[k] else None) for k, d in enumerate(meta.shape)]
+        # a dynamic dim: its name, or the size onnxruntime's inference gives it (an int), or None
+        self.shape = [d if d >= 0 else (names[k] if isinstance(names[k], int) else
+                                        DimName(names[k]) if names[k] else None) for k, d in enumerate(meta.shape)]
         by_dtype = {v: k for k, v in ORT_TYPES.items()}
         self.type = by_dtype.get(np.dtype(meta.dtype).name, f"tensor({np.dtype(meta.dtype).name})")
 
@@ -769,13 +770,56 @@ def _bundle_ranges(backend: Backend) -> dict[str, tuple]:
 
 
 _UNK_DIM = re.compile(r"unk__\d+")
+MAX_RANK = 32     # the axes whose lowering-made names (<input>_dim<axis>) are recognised
 
 
-def _invented_dim_name(name: str, tensor: str, axis: int) -> bool:
-    """True for no name, or one the toolchain made up for a dim the model left unnamed: onnx shape
-    inference's ``unk__<n>`` and the lowering's ``<tensor>_dim<axis>`` (``onnx_model._set_shape``).
-    onnxruntime reports such a dim of the original model as None."""
-    return not name or _UNK_DIM.fullmatch(name) is not None or name == f"{tensor}_dim{axis}"
+def _invented_dim_name(name: str) -> bool:
+    """True for no name, or onnx shape inference's ``unk__<n>`` for a dim it could not name. (A bundle
+    also carries the lowering's ``<input>_dim<axis>`` for a dim the model left unnamed,
+    ``onnx_model._set_shape``; :meth:`InferenceSession._dim_names` drops those too.) onnxruntime reports
+    such a dim of the original model as None."""
+    return not name or _UNK_DIM.fullmatch(name) is not None
+
+
+def _ort_dims(path: str | os.PathLike) -> dict[str, dict[str, list]]:
+    """Per graph input / output of the ``.onnx`` at ``path``, what onnxruntime's ``NodeArg.shape``
+    holds on each dim: inputs as declared (``dim_param`` or None); outputs as onnxruntime merges the
+    declaration with its type inference: an inferred size wins, else the declared ``dim_param``, else
+    an inferred name (not ``unk__<n>``), else None."""
+    import onnx  # vendor import, lazy as the module's others
+
+    inputs, outputs = declared_io(path)
+    out: dict[str, dict[str, list]] = {"input": {i.name: list(i.dim_names) for i in inputs},
+                                       "output": {o.name: list(o.dim_names) for o in outputs}}
+    if not any(d < 0 for o in outputs for d in o.shape):
+        return out
+    try:
+        model = onnx.load(str(path), load_external_data=False)
+        for vi in model.graph.output:        # infer the outputs from the graph alone, not the declaration
+            if vi.type.HasField("tensor_type"):
+                vi.type.tensor_type.ClearField("shape")
+        inferred = {vi.name: vi for vi in onnx.shape_inference.infer_shapes(model).graph.output}
+    except Exception:  # onnx cannot infer this graph: the declaration alone, as before
+        return out
+    for o in outputs:
+        vi = inferred.get(o.name)
+        if vi is None or not vi.type.tensor_type.HasField("shape"):
+            continue
+        dims = vi.type.tensor_type.shape.dim
+        if len(dims) != len(o.shape):
+            continue
+        merged: list = []
+        for d, declared, name in zip(dims, o.shape, o.dim_names):
+            if declared >= 0:
+                merged.append(None)
+            elif d.HasField("dim_value") and d.dim_value >= 0:
+                merged.append(int(d.dim_value))
+            elif name:
+                merged.append(name)
+            else:
+                merged.append(None if _invented_dim_name(d.dim_param) else d.dim_param)
+        out["output"][o.name] = merged
+    return out
 
 
 def _plain_format(rank: int) -> str:
