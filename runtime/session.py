@@ -783,42 +783,46 @@ def _invented_dim_name(name: str) -> bool:
 
 def _ort_dims(path: str | os.PathLike) -> dict[str, dict[str, list]]:
     """Per graph input / output of the ``.onnx`` at ``path``, what onnxruntime's ``NodeArg.shape``
-    holds on each dim: inputs as declared (``dim_param`` or None); outputs as onnxruntime merges the
-    declaration with its type inference: an inferred size wins, else the declared ``dim_param``, else
-    an inferred name (not ``unk__<n>``), else None."""
+    holds on each dynamic dim: inputs as declared (``dim_param`` or None); outputs as onnxruntime merges
+    the declaration with its type inference: an inferred size wins, else the declared ``dim_param``,
+    else an inferred name (not ``unk__<n>``), else None."""
     import onnx  # vendor import, lazy as the module's others
 
-    inputs, outputs = declared_io(path)
-    out: dict[str, dict[str, list]] = {"input": {i.name: list(i.dim_names) for i in inputs},
-                                       "output": {o.name: list(o.dim_names) for o in outputs}}
-    if not any(d < 0 for o in outputs for d in o.shape):
-        return out
     try:
         model = onnx.load(str(path), load_external_data=False)
-        for vi in model.graph.output:        # infer the outputs from the graph alone, not the declaration
-            if vi.type.HasField("tensor_type"):
-                vi.type.tensor_type.ClearField("shape")
-        inferred = {vi.name: vi for vi in onnx.shape_inference.infer_shapes(model).graph.output}
-    except Exception:  # onnx cannot infer this graph: the declaration alone, as before
+    except Exception:   # the model was readable when the session opened; nothing to add now
+        return {"input": {}, "output": {}}
+    inits = {t.name for t in model.graph.initializer}
+
+    def declared(vi) -> list:
+        dims = vi.type.tensor_type.shape.dim if vi.type.tensor_type.HasField("shape") else []
+        return [None if d.HasField("dim_value") else (d.dim_param or None) for d in dims]
+
+    out: dict[str, dict[str, list]] = {
+        "input": {vi.name: declared(vi) for vi in model.graph.input if vi.name not in inits},
+        "output": {vi.name: declared(vi) for vi in model.graph.output}}
+    dynamic = [vi.name for vi in model.graph.output if vi.type.tensor_type.HasField("shape") and any(
+        not d.HasField("dim_value") for d in vi.type.tensor_type.shape.dim)]
+    if not dynamic:
         return out
-    for o in outputs:
-        vi = inferred.get(o.name)
-        if vi is None or not vi.type.tensor_type.HasField("shape"):
+    for vi in model.graph.output:        # infer the outputs from the graph alone, not the declaration
+        if vi.type.HasField("tensor_type"):
+            vi.type.tensor_type.ClearField("shape")
+    for t in model.graph.initializer:    # inference reads shapes, and the values of small (shape) tensors
+        if t.HasField("raw_data") and len(t.raw_data) > 4096:
+            t.ClearField("raw_data")
+    try:
+        inferred = {vi.name: vi for vi in onnx.shape_inference.infer_shapes(model).graph.output}
+    except Exception:  # onnx cannot infer this graph: the declaration alone
+        return out
+    for name in dynamic:
+        vi, names = inferred.get(name), out["output"][name]
+        if vi is None or not vi.type.tensor_type.HasField("shape") or len(vi.type.tensor_type.shape.dim) != len(names):
             continue
-        dims = vi.type.tensor_type.shape.dim
-        if len(dims) != len(o.shape):
-            continue
-        merged: list = []
-        for d, declared, name in zip(dims, o.shape, o.dim_names):
-            if declared >= 0:
-                merged.append(None)
-            elif d.HasField("dim_value") and d.dim_value >= 0:
-                merged.append(int(d.dim_value))
-            elif name:
-                merged.append(name)
-            else:
-                merged.append(None if _invented_dim_name(d.dim_param) else d.dim_param)
-        out["output"][o.name] = merged
+        out["output"][name] = [
+            int(d.dim_value) if d.HasField("dim_value") and d.dim_value >= 0
+            else n if n else (None if _invented_dim_name(d.dim_param) else d.dim_param)
+            for d, n in zip(vi.type.tensor_type.shape.dim, names)]
     return out
 
 
