@@ -64,3 +64,25 @@ def test_static_om_has_no_ranges(tmp_path, run_cli):
     d = json.loads(out_json.read_text())
     assert "ranges" not in d["om"]["dynamic"] and d["om"]["dynamic"]["mode"] is None
     assert d["inputs"][0]["shape_range"] is None
+
+
+def test_any_written_range_is_read_back_exactly_or_dropped(tmp_path):
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as hs
+
+    from tests.fuzzing import examples
+
+    counter = iter(range(100_000))
+    row = hs.lists(hs.integers(-3, 1 << 40), min_size=1, max_size=3)
+
+    @settings(max_examples=examples(40), deadline=None, database=None, suppress_health_check=list(HealthCheck))
+    @given(rows=hs.lists(row, min_size=1, max_size=5), rank=hs.integers(1, 5))
+    def check(rows, rank):
+        p = build_om(tmp_path / f"f{next(counter)}.om", is_unknown_model=1,
+                     inputs=[tensor("x", "float32", [-1] * rank, "ND", shape_range=rows)],
+                     outputs=[tensor("y", "float32", [-1] * rank, "ND")])
+        got = read_om(p).inputs[0].shape_range
+        valid = len(rows) == rank and all(len(r) == 2 and 0 <= r[0] and (r[1] == -1 or r[0] <= r[1]) for r in rows)
+        assert got == ([tuple(r) for r in rows] if valid else None)
+
+    check()
