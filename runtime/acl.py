@@ -402,7 +402,8 @@ class AclBackend(Backend):
                 rows = d.get("range") if isinstance(d, dict) else None
                 # rangeCount 0: not supported for this model ("rank data configured"): use the .om's
                 if isinstance(rows, list) and len(rows) == rank and d.get("rangeCount") == rank and all(
-                        isinstance(r, (list, tuple)) and len(r) == 2 for r in rows):
+                        isinstance(r, (list, tuple)) and len(r) == 2 and all(isinstance(v, int) for v in r)
+                        and 0 <= r[0] and (r[1] == -1 or r[0] <= r[1]) for r in rows):
                     rng = tuple((int(lo), int(hi)) for lo, hi in rows)
             if rng is None:
                 om_t = recorded.get(t.meta.name)
