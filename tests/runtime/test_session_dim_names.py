@@ -75,7 +75,8 @@ def test_range_bundle_names_dims_as_onnxruntime_on_the_source(tmp_path):
 
 
 @pytest.mark.realmodel
-@pytest.mark.parametrize("name", ["ppocr_cls", "silero_vad_623", "ppocr_rec", "ppocr_det", "silero_vad", "minilm"])
+@pytest.mark.parametrize("name", ["ppocr_cls", "silero_vad_623", "ppocr_rec", "ppocr_det", "silero_vad",
+                                  pytest.param("minilm", marks=pytest.mark.slow)])
 def test_real_models_name_dims_as_onnxruntime(real_model, name):
     # ppocr_cls and silero_vad_623 have unnamed dims (None); minilm declares outputs whose dims
     # onnxruntime's inference turns into sizes ('461': [Concat461_dim_0, 384])

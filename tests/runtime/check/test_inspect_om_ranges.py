@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from npu_deploy.converters.files.om import preflight_info, read_om
 from tests.standins.omfile import build_om, tensor
 
@@ -66,6 +68,7 @@ def test_static_om_has_no_ranges(tmp_path, run_cli):
     assert d["inputs"][0]["shape_range"] is None
 
 
+@pytest.mark.slow
 def test_any_written_range_is_read_back_exactly_or_dropped(tmp_path):
     from hypothesis import HealthCheck, given, settings
     from hypothesis import strategies as hs
