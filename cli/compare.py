@@ -86,7 +86,7 @@ def command(ctx, reference, target, atol, rtol, error_stat, val_range, samples, 
         elif inputs:
             from npu_deploy.runtime.check.compare import generate_inputs, index_ranges
 
-            metas = sess.get_inputs()
+            metas = [m.meta for m in sess.get_inputs()]   # TensorMeta: -1 on dynamic dims, not None
             given = build_feeds(metas, inputs, None, None, shapes, None, seed)
             # inputs not given on the command line are generated from the seed
             feeds = {**generate_inputs([m for m in metas if m.name not in given], seed=seed, shapes=shapes,

@@ -172,7 +172,7 @@ def describe_lines(sess) -> list[str]:
     dtype, shape (``?`` unknown), host and device format, size, and the gears."""
     lines = []
     for kind, metas in (("input", sess.get_inputs()), ("output", sess.get_outputs())):
-        for m in metas:
+        for m in (a.meta for a in metas):   # TensorMeta: -1 on dynamic dims (NodeArg.shape has None)
             lines.append(f"  {kind} {m.name}: {np.dtype(m.dtype).name} {dims(m.shape)} format {m.format}, device "
                          f"{m.device_format} {dims(m.device_shape) if m.device_shape else '?'}, "
                          f"{m.nbytes} bytes")
@@ -380,7 +380,7 @@ def command(ctx, model, inputs, input_dir, pure_data, loop, warmup, batch_size, 
     dump_acl = _dump_on_acl(model, backend, dump_dir) if dump_dir is not None else None
     with InferenceSession(model, device_id=device_id, backend=backend, profile=profile_dir is not None,
                           profile_dir=profile_dir) as sess:
-        metas = sess.get_inputs()
+        metas = [m.meta for m in sess.get_inputs()]   # TensorMeta: -1 on dynamic dims (NodeArg.shape has None)
         sources: list[str] = []
         feeds = build_feeds(metas, inputs, input_dir, pure_data, shapes, batch_size, seed, sources)
         names = [m.name for m in sess.get_outputs()]

@@ -116,7 +116,7 @@ def profile_on_emulator(model: str | os.PathLike, output_dir: str | os.PathLike,
         sess = InferenceSession(bundle, backend="emulator", profile=True, profile_dir=out)
         try:
             gears = sess.gears() if hasattr(sess, "gears") else []
-            feeds = make_feeds(sess.get_inputs(), input_shapes, gears)
+            feeds = make_feeds([m.meta for m in sess.get_inputs()], input_shapes, gears)
             for _ in range(loops):
                 sess.run(None, feeds)
         finally:

@@ -20,8 +20,20 @@ What it does, in order (:meth:`AclBackend.activate`):
    gear set at the ``ascend_mbatch_shape_data`` index, the model executed, each requested output
    copied D2H with its current dims and unpacked to the host format.
    Gear models: the base class picks the gear from the feeds; it is set with
-   ``set_dynamic_batch_size`` / ``set_dynamic_hw_size`` / ``set_input_dynamic_dims`` (§3.6). Shape-range
-   (unknown-shape) models are refused at load.
+   ``set_dynamic_batch_size`` / ``set_dynamic_hw_size`` / ``set_input_dynamic_dims`` (§3.6).
+   Shape-range (dynamic shape, ``atc --input_shape "x:1~4,3,224,224"``) models, pyACL only (acllite has
+   no API for them): the ranges come from ``acl.mdl.get_input_dims_range`` (aclmdlGetInputDimsRange;
+   older pyACL without it: the ``shape_range`` the ``.om`` records, see
+   :data:`npu_deploy.converters.files.om.SHAPE_RANGE_ATTR`) and are :attr:`AclBackend.ranges`; a feed
+   outside them is refused (``InputError``, exit 2, naming the input and the range). Input buffers
+   are sized for the largest shape of the range (an unbounded dim: for the largest feed so far, grown
+   with ``acl.update_data_buffer``), output buffers by ``get_output_size_by_index`` or, when that is 0
+   as for a dynamic output, by the output's recorded range (else ``output_bytes=``, ais_bench's
+   ``custom_sizes``). Each run creates one tensor desc per input (``acl.create_tensor_desc`` with its
+   dtype, actual dims and format), sets it with ``acl.mdl.set_dataset_tensor_desc``, executes, destroys
+   the descs, and reads each output's actual dims from ``acl.mdl.get_dataset_tensor_desc`` of the
+   output dataset (``get_tensor_desc_num_dims`` / ``get_tensor_desc_dim_v2``; that desc belongs to the
+   dataset). pyACL's "Dynamic Shape Input (Setting the Shape Range)" guide, reference §3.6.
 
 Every non-zero return code raises :class:`~npu_deploy.errors.AclError` naming the call, the code and
 its meaning (:mod:`npu_deploy.runtime.acl_codes`). Resources are released in the documented order —
@@ -56,7 +68,7 @@ import math
 import os
 import re
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
@@ -91,6 +103,9 @@ class _Tensor:
     c0: int | None = None
     ptr: int = 0                    # device pointer (ours)
     buf: int = 0                    # acl data buffer handle
+    acl_dtype: int = 0              # aclDataType and aclFormat, for the tensor desc of a shape-range run
+    acl_format: int = 2
+    range: tuple[tuple[int, int], ...] | None = None   # shape-range models: per dim (low, high), high -1 open
 
 
 def _fmt_shape(shape: Sequence[int]) -> str:
@@ -122,7 +137,8 @@ class AclBackend(Backend):
 
     ``dynamic_batch`` / ``dynamic_dims``: the batch size / dims gear the caller intends to use; checked
     against the model before loading. ``api``: ``"auto"`` (acllite when importable, else pyACL),
-    ``"pyacl"`` or ``"acllite"``.
+    ``"pyacl"`` or ``"acllite"``. ``output_bytes``: device bytes to reserve per output of a shape-range
+    model whose output size neither ACL nor the ``.om`` gives (ais_bench's ``custom_sizes``).
 
     >>> b = AclBackend("yolov3_dynamic_batch.om", dynamic_batch=4)   # doctest: +SKIP
     >>> b.activate()                                                  # doctest: +SKIP
@@ -131,7 +147,8 @@ class AclBackend(Backend):
     name = "acl"
 
     def __init__(self, path: str | os.PathLike, device_id: int = 0, *, dynamic_batch: int | None = None,
-                 dynamic_dims: Sequence[int] | None = None, api: str | None = None):
+                 dynamic_dims: Sequence[int] | None = None, api: str | None = None,
+                 output_bytes: Mapping[str, int] | None = None):
         super().__init__()
         api = api or "auto"
         if api not in APIS:
@@ -141,6 +158,9 @@ class AclBackend(Backend):
         self.dynamic_batch = dynamic_batch
         self.dynamic_dims = list(dynamic_dims) if dynamic_dims is not None else None
         self.api = api
+        self.output_bytes = {str(k): int(v) for k, v in (output_bytes or {}).items()}
+        #: shape-range models: ``{input: per-dim (low, high) or None for a fixed dim}`` (high -1: unbounded)
+        self.ranges: dict[str, tuple] = {}
         self.api_used: str | None = None
         self.preflight: Any = None
         self.soc_name: str | None = None
@@ -179,9 +199,6 @@ class AclBackend(Backend):
             raise OmError(f"{self.path}: encrypted .om models are not supported",
                           hint="convert the model without encryption")
         mode = pf.dynamic_mode
-        if mode == "shape":
-            raise OmError(f"{self.path}: a dynamic-shape (shape range) .om is not supported by the ACL backend",
-                          hint="rebuild with gears: atc --dynamic_batch_size or --dynamic_dims")
         if self.dynamic_batch is not None:
             if mode != "batch":
                 raise InputError(
@@ -214,7 +231,7 @@ class AclBackend(Backend):
 
     # ------------------------------------------------------------------ life cycle
     def _activate(self) -> None:
-        self._inputs, self._outputs, self._mbatch = [], [], None
+        self._inputs, self._outputs, self._mbatch, self.ranges = [], [], None, {}
         self._preflight()
         acl = device.load_acl()
         self._acl = acl
@@ -360,12 +377,80 @@ class AclBackend(Backend):
                 name, j, tuple(dims["dims"]), acl.mdl.get_output_data_type(desc, j),
                 acl.mdl.get_output_format(desc, j), acl.mdl.get_output_size_by_index(desc, j),
                 origin.get(name), is_input=False))
-        self._setup_dynamic()
-        self._check_sizes()
+        if self.preflight.dynamic_mode == "shape":
+            self._setup_ranges(desc)
+        else:
+            self._setup_dynamic()
+            self._check_sizes()
         # output buffers: allocated once, reused by every run
         self._out_ds = self._new_dataset()
         for t in self._outputs:
             self._alloc(t, self._out_ds)
+
+    def _setup_ranges(self, desc: int) -> None:
+        """A shape-range model: each input's per-dim range and buffer size, each output's buffer size."""
+        acl, pf = self._acl, self.preflight
+        self._dynamic = "shape"
+        recorded = {t.name: t for t in pf.inputs}
+        get_range = getattr(acl.mdl, "get_input_dims_range", None)  # aclmdlGetInputDimsRange: newer pyACL only
+        for t in self._inputs:
+            rank = len(t.device_dims)
+            rng = None
+            if get_range is not None:
+                d, ret = get_range(desc, t.index)
+                check("acl.mdl.get_input_dims_range", ret, context=f"{self.path} input {t.meta.name!r}")
+                rows = d.get("range") if isinstance(d, dict) else None
+                # rangeCount 0: not supported for this model ("rank data configured"): use the .om's
+                if isinstance(rows, list) and len(rows) == rank and d.get("rangeCount") == rank and all(
+                        isinstance(r, (list, tuple)) and len(r) == 2 and all(isinstance(v, int) for v in r)
+                        and 0 <= r[0] and (r[1] == -1 or r[0] <= r[1]) for r in rows):
+                    rng = tuple((int(lo), int(hi)) for lo, hi in rows)
+            if rng is None:
+                om_t = recorded.get(t.meta.name)
+                if om_t is not None and om_t.shape_range and len(om_t.shape_range) == rank:
+                    rng = tuple(om_t.shape_range)
+            if rng is None:       # -1 and no range recorded anywhere: unbounded, as ATC reads a bare -1
+                rng = tuple((d, d) if d >= 0 else (1, -1) for d in t.device_dims)
+            t.range = rng
+            if any(lo != hi for lo, hi in rng) and t.pack_format is None:
+                self.ranges[t.meta.name] = tuple(None if lo == hi else (lo, hi) for lo, hi in rng)
+            if all(hi >= 0 for _, hi in rng):
+                t.size = max(t.size, self._device_nbytes(t, [hi for _, hi in rng]))
+            t.meta = dataclasses.replace(t.meta, nbytes=t.size)
+        om_out = {o.name: o for o in pf.outputs}
+        for t in self._outputs:
+            need = 0
+            if not any(d < 0 for d in t.device_dims):
+                need = self._device_nbytes(t, t.device_dims)
+            else:
+                o = om_out.get(t.meta.name)
+                r = o.shape_range if o is not None else None
+                if r and len(r) == len(t.device_dims) and all(hi >= 0 for _, hi in r):
+                    need = self._device_nbytes(t, [hi for _, hi in r])
+            need = max(need, self.output_bytes.get(t.meta.name, 0))
+            if t.size <= 0 and need <= 0:
+                raise OmError(f"{self.path}: output {t.meta.name!r} {_fmt_shape(t.device_dims)} has dynamic dims and "
+                              f"neither ACL (get_output_size_by_index is 0) nor the .om gives its largest size",
+                              hint=f"pass AclBackend(..., output_bytes={{{t.meta.name!r}: N}}) with N device bytes "
+                                   f"(ais_bench's custom_sizes)")
+            t.size = max(t.size, need)
+            t.meta = dataclasses.replace(t.meta, nbytes=t.size)
+
+    def _check_ranges(self, feeds: Mapping[str, np.ndarray]) -> None:
+        """Refuse a feed outside a shape-range model's range, naming the input and the range (exit 2)."""
+        for t in self._inputs:
+            if t.range is None or t.pack_format is not None:
+                continue
+            shape = np.shape(feeds[t.meta.name])
+            if len(shape) != len(t.range):
+                continue   # the rank is the base class's to report
+            for axis, (v, (lo, hi)) in enumerate(zip(shape, t.range)):
+                if v < lo or (hi != -1 and v > hi):
+                    shown = ",".join(str(lo) if lo == hi else f"{lo}~{hi}" for lo, hi in t.range)
+                    raise InputError(f"input {t.meta.name!r}: shape {','.join(map(str, shape))} is outside the "
+                                     f"range {shown} the model was converted for (axis {axis}: {v} not in "
+                                     f"{lo}~{hi})",
+                                     hint=f"feed a shape inside {t.meta.name}:{shown}, or convert for a wider range")
 
     # ------------------------------------------------------------------ loading: acllite
     def _load_acllite(self, lite: Any) -> None:
@@ -435,7 +520,9 @@ class AclBackend(Backend):
                 else:
                     shape = derived
         t = _Tensor(TensorMeta(name, shape, dtype, format=host_format, device_format=fmt,
-                               device_shape=dims, nbytes=size), index, dims, size, dtype, pack_format, c0)
+                               device_shape=dims, nbytes=size), index, dims, size, dtype, pack_format, c0,
+                    acl_dtype=int(acl_dtype), acl_format=int(acl_format) if acl_format is not None and acl_format >= 0
+                    else 2)
         return t
 
     def _device_nbytes(self, t: _Tensor, dims: Sequence[int]) -> int:
@@ -580,6 +667,8 @@ class AclBackend(Backend):
     # ------------------------------------------------------------------ running
     def _run_validated(self, output_names: list[str], feeds: dict[str, np.ndarray], *,
                        gear: Gear | None) -> list[np.ndarray]:
+        if self._dynamic == "shape":
+            self._check_ranges(feeds)
         with device.using(self.device_id):
             return self._run_on_device(output_names, feeds, gear)
 
@@ -596,6 +685,8 @@ class AclBackend(Backend):
                 else:
                     dev = host
                 dev = np.ascontiguousarray(dev, dtype=t.dtype)
+                if dev.nbytes > t.size and t.range is not None and any(hi == -1 for _, hi in t.range):
+                    self._grow(t, dev.nbytes)    # an unbounded range: the buffer follows the largest feed
                 if dev.nbytes > t.size:
                     raise InputError(
                         f"input {t.meta.name!r}: {dev.nbytes} bytes on the device ({t.meta.device_format} "
@@ -612,8 +703,13 @@ class AclBackend(Backend):
             if self.api_used == "pyacl":
                 if gear is not None:
                     self._set_gear(gear)
-                check("acl.mdl.execute", acl.mdl.execute(self._model_id, self._in_ds, self._out_ds),
-                      context=str(self.path))
+                descs = self._set_input_descs(keep) if self._dynamic == "shape" else []
+                try:
+                    check("acl.mdl.execute", acl.mdl.execute(self._model_id, self._in_ds, self._out_ds),
+                          context=str(self.path))
+                finally:
+                    for td in descs:      # the dataset keeps its own copy (aclmdlSetDatasetTensorDesc)
+                        acl.destroy_tensor_desc(td)
                 lite_out = None
             else:
                 lite_out = self._execute_acllite(batch)
@@ -625,6 +721,40 @@ class AclBackend(Backend):
                 t = by_name[name]
                 results.append(self._fetch(t, batch, lite_out))
         return results
+
+    def _grow(self, t: _Tensor, nbytes: int) -> None:
+        """Give input ``t`` a larger device buffer (an unbounded range dim), keeping its data buffer handle."""
+        acl = self._acl
+        ptr, ret = acl.rt.malloc(nbytes, ACL_MEM_MALLOC_HUGE_FIRST)
+        check("acl.rt.malloc", ret, context=f"{nbytes} bytes for {t.meta.name!r}")
+        ret = acl.update_data_buffer(t.buf, ptr, nbytes)
+        if ret != 0:
+            acl.rt.free(ptr)
+            check("acl.update_data_buffer", ret, context=f"input {t.meta.name!r}")
+        old, t.ptr, t.size = t.ptr, ptr, nbytes
+        if old:
+            check("acl.rt.free", acl.rt.free(old))
+
+    def _set_input_descs(self, devs: Sequence[np.ndarray]) -> list[int]:
+        """One tensor desc per input with the shape of this run, set on the input dataset; returns the
+        descs (the caller destroys them after execute, also when it fails)."""
+        acl = self._acl
+        made: list[int] = []
+        try:
+            for t, dev in zip(self._inputs, devs):
+                dims = [int(d) for d in dev.shape]
+                td = acl.create_tensor_desc(t.acl_dtype, dims, t.acl_format)
+                if not td:
+                    raise AclError(f"acl.create_tensor_desc returned NULL for input {t.meta.name!r} {dims}",
+                                   call="acl.create_tensor_desc")
+                made.append(td)
+                _, ret = acl.mdl.set_dataset_tensor_desc(self._in_ds, td, t.index)
+                check("acl.mdl.set_dataset_tensor_desc", ret, context=f"input {t.meta.name!r} {dims}")
+        except BaseException:
+            for td in made:
+                acl.destroy_tensor_desc(td)
+            raise
+        return made
 
     def _set_gear(self, gear: Gear) -> None:
         acl, mb = self._acl, self._mbatch
@@ -664,6 +794,8 @@ class AclBackend(Backend):
         return list(out)
 
     def _current_dims(self, t: _Tensor, batch: int | None) -> tuple[int, ...]:
+        if self._dynamic == "shape":
+            return self._ran_dims(t)
         if self.api_used == "pyacl" and self._dynamic is not None:
             dims, ret = self._acl.mdl.get_cur_output_dims(self._desc, t.index)
             check("acl.mdl.get_cur_output_dims", ret, context=f"output {t.meta.name!r}")
@@ -671,6 +803,29 @@ class AclBackend(Backend):
         dims = list(self._max_dims(t))
         if batch is not None and dims and t.meta.shape[:1] == (-1,):
             dims[0] = batch      # acllite reports static (largest-gear) dims; axis 0 follows the batch
+        return tuple(dims)
+
+    def _ran_dims(self, t: _Tensor) -> tuple[int, ...]:
+        """The dims output ``t`` got in the run just made: the output dataset's tensor desc (the
+        dataset's own; not destroyed here)."""
+        acl = self._acl
+        td = acl.mdl.get_dataset_tensor_desc(self._out_ds, t.index)
+        if not td:
+            raise AclError(f"acl.mdl.get_dataset_tensor_desc gave no desc for output {t.meta.name!r} of a "
+                           f"shape-range model", call="acl.mdl.get_dataset_tensor_desc",
+                           hint="see the CANN plog; the model did not report its output shape")
+        n = acl.get_tensor_desc_num_dims(td)
+        if not isinstance(n, int) or not 0 <= n <= 128:
+            raise AclError(f"output {t.meta.name!r}: acl.get_tensor_desc_num_dims gave {n!r}",
+                           call="acl.get_tensor_desc_num_dims")
+        dims = []
+        for k in range(n):
+            d, ret = acl.get_tensor_desc_dim_v2(td, k)
+            check("acl.get_tensor_desc_dim_v2", ret, context=f"output {t.meta.name!r} dim {k}")
+            if d < 0:
+                raise AclError(f"output {t.meta.name!r}: dim {k} is {d} after execute",
+                               call="acl.get_tensor_desc_dim_v2")
+            dims.append(int(d))
         return tuple(dims)
 
     def _fetch(self, t: _Tensor, batch: int | None, lite_out: list[np.ndarray] | None) -> np.ndarray:

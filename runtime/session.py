@@ -20,9 +20,9 @@ The API follows onnxruntime's, so code written for ``onnxruntime.InferenceSessio
   refused on a device where they cannot apply), ``get_providers()``, ``get_modelmeta()``,
   ``end_profiling()``;
 * ``get_inputs()`` / ``get_outputs()``: :class:`NodeArg` with ``.name``, ``.shape`` (a dynamic dim is its
-  name, a ``str``, as onnxruntime gives it) and ``.type`` (``"tensor(float)"``), and every
+  name, a ``str``, or ``None`` when unnamed, as onnxruntime gives it) and ``.type`` (``"tensor(float)"``), and every
   :class:`~npu_deploy.runtime.backend.TensorMeta` field besides (``format``, ``device_format``,
-  ``gears`` …; a dynamic dim still compares equal to -1 for code written against TensorMeta);
+  ``gears`` …; a named dynamic dim still compares equal to -1 for code written against TensorMeta);
 * ``run(output_names | None, feeds, run_options=None)``; ``io_binding()`` + ``run_with_iobinding()``
   keep bound inputs in place between runs (on the CPU: copied once at bind time, like a device copy).
 
@@ -53,6 +53,7 @@ import contextlib
 import dataclasses
 import logging
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -153,6 +154,7 @@ class InferenceSession:
         #: how an ``.onnx`` path was made runnable ("" for a bundle or .om), e.g. "built-in lowering"
         self.conversion = ""
         self.source_model: Path | None = None
+        self._declared: dict | None = None   # the source .onnx's dim names, read on first get_inputs()
         self._sess_options = sess_options
         self._shape_cache: ShapeCache | None = None
         kind = sniff_model(self.path)
@@ -206,7 +208,8 @@ class InferenceSession:
             raise
         self._backend = be
         #: ``{input: per-dim (low, high) or None}`` of a shape-range bundle (``convert --input-shape x:1~4,...``)
-        self.ranges = _bundle_ranges(be)
+        #: or shape-range ``.om`` (:attr:`npu_deploy.runtime.acl.AclBackend.ranges`)
+        self.ranges = _bundle_ranges(be) or dict(getattr(be, "ranges", None) or {})
         with _open_lock:
             _open_sessions.add(self)
 
@@ -306,6 +309,15 @@ class InferenceSession:
         return [NodeArg(m, self._dim_names("output", m)) for m in self.backend.get_outputs()]
 
     def _dim_names(self, kind: str, meta: TensorMeta) -> list[str | None]:
+        """The name of each dim as onnxruntime would report it on the model the user gave: the
+        ``dim_param`` of the source ``.onnx`` when the session converted one, else the bundle graph's
+        (without the names the toolchain invents for unnamed dims), else None (``.om``: unnamed)."""
+        if self.source_model is not None:
+            if self._declared is None:
+                self._declared = _ort_dims(self.source_model)
+            names = self._declared[kind].get(meta.name)
+            if names is not None and len(names) == len(meta.shape):
+                return list(names)
         if isinstance(self._backend, ShapeCache):
             return self._backend.dim_names(kind, meta.name)
         graph = getattr(self._backend, "_graph", None)
@@ -314,7 +326,9 @@ class InferenceSession:
                 if vi.name == meta.name and vi.type.HasField("tensor_type"):
                     dims = vi.type.tensor_type.shape.dim
                     if len(dims) == len(meta.shape):
-                        return [d.dim_param or None for d in dims]
+                        invented = {f"{i.name}_dim{k}" for i in graph.graph.input for k in range(MAX_RANK)}
+                        return [None if _invented_dim_name(d.dim_param) or d.dim_param in invented else d.dim_param
+                                for d in dims]
         return [None] * len(meta.shape)
 
     def get_providers(self) -> list[str]:
@@ -456,15 +470,18 @@ class NodeArg:
     """An input or output as onnxruntime describes it (``.name``, ``.shape``, ``.type``), carrying the
     :class:`~npu_deploy.runtime.backend.TensorMeta` fields (``dtype``, ``format``, ``device_format``,
     ``device_shape``, ``nbytes``, ``gears``, ``rank``, ``is_dynamic``, ``to_dict()``) besides.
-    ``.shape`` is a list, as onnxruntime gives it; a dynamic dim is a :class:`DimName` (``"unk__<axis>"`` when the model does
-    not name it)."""
+    ``.shape`` is a list, as onnxruntime gives it: a dynamic dim is a :class:`DimName` when the model
+    names it (``dim_param``) and ``None`` when it does not (neither ``dim_value`` nor ``dim_param``, or a
+    dynamic dim of an ``.om``), exactly as onnxruntime reports it."""
 
     __slots__ = ("meta", "shape", "type")
 
-    def __init__(self, meta: TensorMeta, names: Sequence[str | None] = ()):
+    def __init__(self, meta: TensorMeta, names: Sequence[str | int | None] = ()):
         self.meta = meta
         names = list(names) + [None] * (len(meta.shape) - len(names))
-        self.shape = [d if d >= 0 else DimName(names[k] or f"unk__{k}") for k, d in enumerate(meta.shape)]
+        # a dynamic dim: its name, or the size onnxruntime's inference gives it (an int), or None
+        self.shape = [d if d >= 0 else (names[k] if isinstance(names[k], int) else
+                                        DimName(names[k]) if names[k] else None) for k, d in enumerate(meta.shape)]
         by_dtype = {v: k for k, v in ORT_TYPES.items()}
         self.type = by_dtype.get(np.dtype(meta.dtype).name, f"tensor({np.dtype(meta.dtype).name})")
 
@@ -750,6 +767,63 @@ def _bundle_ranges(backend: Backend) -> dict[str, tuple]:
         return {}
     return {str(n): tuple(tuple(int(v) for v in r) if isinstance(r, list) else None for r in rng)
             for n, rng in ranges.items() if isinstance(rng, list)}
+
+
+_UNK_DIM = re.compile(r"unk__\d+")
+MAX_RANK = 32     # the axes whose lowering-made names (<input>_dim<axis>) are recognised
+
+
+def _invented_dim_name(name: str) -> bool:
+    """True for no name, or onnx shape inference's ``unk__<n>`` for a dim it could not name. (A bundle
+    also carries the lowering's ``<input>_dim<axis>`` for a dim the model left unnamed,
+    ``onnx_model._set_shape``; :meth:`InferenceSession._dim_names` drops those too.) onnxruntime reports
+    such a dim of the original model as None."""
+    return not name or _UNK_DIM.fullmatch(name) is not None
+
+
+def _ort_dims(path: str | os.PathLike) -> dict[str, dict[str, list]]:
+    """Per graph input / output of the ``.onnx`` at ``path``, what onnxruntime's ``NodeArg.shape``
+    holds on each dynamic dim: inputs as declared (``dim_param`` or None); outputs as onnxruntime merges
+    the declaration with its type inference: an inferred size wins, else the declared ``dim_param``,
+    else an inferred name (not ``unk__<n>``), else None."""
+    import onnx  # vendor import, lazy as the module's others
+
+    try:
+        model = onnx.load(str(path), load_external_data=False)
+    except Exception:   # the model was readable when the session opened; nothing to add now
+        return {"input": {}, "output": {}}
+    inits = {t.name for t in model.graph.initializer}
+
+    def declared(vi) -> list:
+        dims = vi.type.tensor_type.shape.dim if vi.type.tensor_type.HasField("shape") else []
+        return [None if d.HasField("dim_value") else (d.dim_param or None) for d in dims]
+
+    out: dict[str, dict[str, list]] = {
+        "input": {vi.name: declared(vi) for vi in model.graph.input if vi.name not in inits},
+        "output": {vi.name: declared(vi) for vi in model.graph.output}}
+    dynamic = [vi.name for vi in model.graph.output if vi.type.tensor_type.HasField("shape") and any(
+        not d.HasField("dim_value") for d in vi.type.tensor_type.shape.dim)]
+    if not dynamic:
+        return out
+    for vi in model.graph.output:        # infer the outputs from the graph alone, not the declaration
+        if vi.type.HasField("tensor_type"):
+            vi.type.tensor_type.ClearField("shape")
+    for t in model.graph.initializer:    # inference reads shapes, and the values of small (shape) tensors
+        if t.HasField("raw_data") and len(t.raw_data) > 4096:
+            t.ClearField("raw_data")
+    try:
+        inferred = {vi.name: vi for vi in onnx.shape_inference.infer_shapes(model).graph.output}
+    except Exception:  # onnx cannot infer this graph: the declaration alone
+        return out
+    for name in dynamic:
+        vi, names = inferred.get(name), out["output"][name]
+        if vi is None or not vi.type.tensor_type.HasField("shape") or len(vi.type.tensor_type.shape.dim) != len(names):
+            continue
+        out["output"][name] = [
+            int(d.dim_value) if d.HasField("dim_value") and d.dim_value >= 0
+            else n if n else (None if _invented_dim_name(d.dim_param) else d.dim_param)
+            for d, n in zip(vi.type.tensor_type.shape.dim, names)]
+    return out
 
 
 def _plain_format(rank: int) -> str:

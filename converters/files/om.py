@@ -144,6 +144,9 @@ class OmTensor:
     origin_format: str | None = None
     origin_shape: list[int] | None = None
     size: int = 0                 # device bytes (TensorDescriptor.size), largest gear for gear models
+    #: per-dim ``(low, high)`` of a shape-range model (``high == -1``: unbounded), from the descriptor's
+    #: ``shape_range`` attribute (see :data:`SHAPE_RANGE_ATTR`); None when not recorded
+    shape_range: list[tuple[int, int]] | None = None
 
     @property
     def np_dtype(self):
@@ -468,8 +471,14 @@ def _attr_entry(buf: bytes, span: tuple[int, int], wanted=None) -> tuple[str, An
     return text, (_attr_def(buf, value_span) if value_span is not None else None)
 
 
+# GE keeps a tensor's shape range among the descriptor's attributes as a list_list_int named "shape_range",
+# one [low, high] row per dim, high -1 for unbounded (GE's graph library, ge_tensor.cc:
+# TENSOR_UTILS_SHAPE_RANGE = "shape_range", serialised with the descriptor's other attributes by
+# GeTensorDescAsProto). No real shape-range .om was available: the tests build files with that spelling
+# (tests/standins/omfile.py), so this is verified against GE's source text only.
+SHAPE_RANGE_ATTR = "shape_range"
 _DESC_ATTRS = frozenset({b"format", b"origin_format", b"origin_shape", ORIGIN_NAME_ATTR.encode(),
-                         ORIGIN_INDEX_ATTR.encode()})
+                         ORIGIN_INDEX_ATTR.encode(), SHAPE_RANGE_ATTR.encode()})
 _OP_ATTRS = frozenset(k.encode() for k in (*_KEEP_OP_ATTRS, ENGINE_ATTR))
 
 
@@ -657,7 +666,25 @@ def _tensor(d: _Desc, name: str, shape: list[int] | None = None) -> OmTensor:
         origin_format=format_text(origin) if origin not in (None, "") else None,
         origin_shape=list(oshape) if isinstance(oshape, list) and all(isinstance(x, int) for x in oshape)
         else None,
-        size=d.size)
+        size=d.size, shape_range=_shape_range(d.attrs.get(SHAPE_RANGE_ATTR), len(shape if shape is not None
+                                                                                 else d.shape)))
+
+
+def _shape_range(value: Any, rank: int) -> list[tuple[int, int]] | None:
+    """``[[low, high], ...]`` with one row per dim (``0 <= low``, ``high == -1`` or ``low <= high``), else
+    None: a malformed range is not guessed at."""
+    if not isinstance(value, list) or len(value) != rank or rank == 0:
+        return None
+    out = []
+    for row in value:
+        if not (isinstance(row, list) and len(row) == 2 and all(isinstance(v, int) and not isinstance(v, bool)
+                                                                 for v in row)):
+            return None
+        lo, hi = row
+        if lo < 0 or (hi != -1 and hi < lo):
+            return None
+        out.append((lo, hi))
+    return out
 
 
 def _int_list(v: Any) -> list[int] | None:
@@ -773,6 +800,8 @@ def _summarise(buf: bytes, span: tuple[int, int], keep_ops: bool = False) -> OmM
                         dynamic_mode = "batch" if all(len(g) == 1 for g in gears) else "dims"
     if dynamic_mode is None and any(t.name == DYNAMIC_INPUT_NAME for t in inputs):
         dynamic_mode = "gears"
+    if dynamic_mode is None and any(t.shape_range and any(lo != hi for lo, hi in t.shape_range) for t in inputs):
+        dynamic_mode = "shape"
     return OmModelDef(name=name, version=version, custom_version=custom, graphs=[g for g, _ in graphs],
                       attrs={k: v for k, v in sorted(attrs.items())}, inputs=inputs, outputs=outputs,
                       dynamic_mode=dynamic_mode, gears=gears, op_count=sum(op_types.values()),

@@ -471,7 +471,7 @@ def compare(reference_onnx: str | os.PathLike, target: Any, *,
         check_thresholds(cosine_min=cosine_min, max_outside=max_outside)
         if inputs is None and seed is not None and (isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0):
             raise InputError(f"seed {seed!r} must be a non-negative integer", hint="e.g. --seed 0")
-        tmetas = sess.get_inputs()
+        tmetas = [getattr(m, "meta", m) for m in sess.get_inputs()]  # TensorMeta (-1), not NodeArg (None)
         # a bundle with AIPP takes the raw uint8 image; the ONNX reference gets the normalised tensor
         aipp_rec = aippmod.record_of(sess)
         if aipp_rec is not None and inputs is None:

@@ -43,8 +43,9 @@ JSON schema ``npu-deploy/inspect``, version 1 (``InspectReport.to_json``). Top l
 * ``om`` (or null): ``variant`` (``"om"``, ``"encrypted"``, ``"PICO"``, ``"ZIP"`` (maybe an OM2)), ``header`` (all
   ModelFileHeader fields), ``partitions`` (``[{model_index, type, type_name, offset, size}]``),
   ``model`` (``{name, version, graphs, attrs}``: scalar model attributes, e.g. ``soc_version``,
-  ``atc_version``, ``atc_cmdline``), ``soc_version``, ``atc_version``, ``dynamic`` (``{mode, gears}``),
-  ``engines`` (engine → op count), ``submodels``, ``ops`` (with ``ops`` or ``layers``: every op with
+  ``atc_version``, ``atc_cmdline``), ``soc_version``, ``atc_version``, ``dynamic`` (``{mode, gears}``,
+  plus ``ranges`` for a shape-range model: input → per dim ``[low, high]`` or the fixed size; each
+  ``.om`` input also has ``shape_range``), ``engines`` (engine → op count), ``submodels``, ``ops`` (with ``ops`` or ``layers``: every op with
   its engine and edge formats)
 * ``dump`` (or null): an ACL operator dump file (``converters/files/dump.py``): ``op_type``, ``op_name``,
   ``task_id``, ``stream_id``, ``timestamp``, ``version``, ``dump_time``; its tensors are the
@@ -630,6 +631,12 @@ def _inspect_om(path: Path, *, ops: bool, layers: bool) -> InspectReport:
         if mode is None and om.header and (om.header.is_unknown_model or om.header.model_num > 1):
             mode = "shape"
         info["dynamic"] = {"mode": mode, "gears": m.gears}
+        # shape-range inputs: per dim [low, high] (high -1: unbounded), or the size of a fixed dim, as for
+        # bundles; from each Data op's descriptor attribute ``shape_range`` (om.SHAPE_RANGE_ATTR)
+        ranges = {t.name: [d if lo == hi else [lo, hi] for d, (lo, hi) in zip(t.shape, t.shape_range)]
+                  for t in m.inputs if t.shape_range}
+        if ranges:
+            info["dynamic"]["ranges"] = ranges
         info["engines"] = m.engines
         inputs = [dataclasses.asdict(t) for t in m.inputs]
         outputs = [dataclasses.asdict(t) for t in m.outputs]

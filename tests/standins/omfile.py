@@ -186,16 +186,20 @@ ModelDef, GraphDef, OpDef, TensorDescriptor, AttrDef = (PB[k] for k in
 def tensor(name: str, dtype: str = "float16", shape: Sequence[int] = (1,), format: str | int = "ND",
            *, origin_format: str | None = None, size: int | None = None,
            origin_shape: Sequence[int] | None = None, origin: tuple[str, int] | None = None,
-           source: str | None = None) -> dict:
+           source: str | None = None, shape_range: Sequence[Sequence[int]] | None = None) -> dict:
     """A tensor spec for ``inputs=``/``outputs=``/op descs. ``format`` is a name or a packed
     ge::Format word (int). ``origin_shape`` (optional) is stored as the list-int attr ``origin_shape``.
     ``origin=(node, index)`` writes ATC's fusion mapping on an output descriptor
     (``_datadump_origin_name`` / ``_datadump_origin_output_index``, accuracy-debug.md §4). ``source``
-    (outputs only): the NetOutput input edge, ``"producer:index"`` (default ``"<name>:0"``)."""
+    (outputs only): the NetOutput input edge, ``"producer:index"`` (default ``"<name>:0"``).
+    ``shape_range`` (``[[low, high], ...]`` per dim, high -1 unbounded) is written as the descriptor's
+    list_list_int attr ``shape_range``, GE's spelling in ge_tensor.cc (a shape-range model, with
+    ``is_unknown_model=1`` in the header)."""
     return {"name": name, "dtype": dtype, "shape": list(shape), "format": format,
             "origin_format": origin_format, "size": size,
             "origin_shape": list(origin_shape) if origin_shape is not None else None,
-            "origin": tuple(origin) if origin is not None else None, "source": source}
+            "origin": tuple(origin) if origin is not None else None, "source": source,
+            "shape_range": [list(r) for r in shape_range] if shape_range is not None else None}
 
 
 def op(name: str, type: str, *, inputs: Sequence[str] = (), input_desc: Sequence[dict] = (),
@@ -292,6 +296,8 @@ def _fill_desc(td, spec: dict, shape: Sequence[int] | None = None) -> None:
         _set_attr(td.attr["origin_format"], spec["origin_format"])
     if spec.get("origin_shape") is not None:
         _set_attr(td.attr["origin_shape"], [int(d) for d in spec["origin_shape"]])
+    if spec.get("shape_range") is not None:
+        _set_attr(td.attr["shape_range"], [[int(v) for v in r] for r in spec["shape_range"]])
     if spec.get("origin") is not None:
         node, index = spec["origin"]
         _set_attr(td.attr["_datadump_origin_name"], node)

@@ -13,7 +13,7 @@ if __name__ != "acl":  # pragma: no cover - guard against a second, separate cop
 
 import atexit
 
-from acl._core import S, api
+from acl._core import DTYPE_SIZE, S, TensorDesc, api
 
 from acl import mdl, rt, util  # noqa: E402  (submodules, as in the real module)
 from acl import _standin  # noqa: E402,F401
@@ -87,6 +87,9 @@ def finalize() -> int:
     S.finalize_calls += 1
     if S.devices:
         S.violate(f"acl.finalize with device(s) {sorted(S.devices)} still set (reset_device first)")
+    mine = [f"{hex(h)} {list(td.dims)}" for h, td in S.tensor_descs.items() if td.owner is None]
+    if mine:
+        S.violate(f"acl.finalize with tensor desc(s) {', '.join(mine)} never destroyed (acl.destroy_tensor_desc)")
     S.initialized = False
     S.finalized = True
     S.write_log("finalize")
@@ -154,6 +157,84 @@ def data_type_size(dtype: int) -> int:
     return DTYPE_SIZE.get(dtype, 0)
 
 
+def _dims_list(dims) -> list[int] | None:
+    if not isinstance(dims, (list, tuple)) or not all(isinstance(d, int) and not isinstance(d, bool) for d in dims):
+        return None
+    return [int(d) for d in dims]
+
+
+@api("acl.create_tensor_desc", "iOi", ret="none")
+def create_tensor_desc(dtype: int, dims, fmt: int) -> int:
+    """aclCreateTensorDesc(dtype, numDims, dims, format): a handle, 0 (NULL) when the arguments are bad."""
+    d = _dims_list(dims)
+    if d is None:
+        raise TypeError("acl.create_tensor_desc args parse failed!")
+    if dtype not in DTYPE_SIZE or len(d) > 128 or any(v < -2 for v in d):
+        return 0
+    h = S.new("tdesc", 16)
+    S.tensor_descs[h] = TensorDesc(dtype, tuple(d), fmt)
+    return h
+
+
+@api("acl.destroy_tensor_desc", "i", ret="none")
+def destroy_tensor_desc(desc: int) -> None:
+    """aclDestroyTensorDesc returns void; pyACL returns None."""
+    td = S.tensor_descs.get(desc)
+    if td is None:
+        S.violate(f"acl.destroy_tensor_desc of unknown/destroyed tensor desc {hex(desc)}")
+        return None
+    if td.owner is not None:
+        S.violate(f"acl.destroy_tensor_desc({hex(desc)}): that desc belongs to dataset {hex(td.owner)} "
+                  f"(from acl.mdl.get_dataset_tensor_desc), not to the caller")
+        return None
+    del S.tensor_descs[desc]
+    return None
+
+
+def _tdesc(name: str, desc: int) -> TensorDesc | None:
+    td = S.tensor_descs.get(desc)
+    if td is None:
+        S.violate(f"{name} on unknown/destroyed tensor desc {hex(desc)}")
+    return td
+
+
+@api("acl.get_tensor_desc_num_dims", "i", ret="none")
+def get_tensor_desc_num_dims(desc: int) -> int:
+    td = _tdesc("acl.get_tensor_desc_num_dims", desc)
+    return len(td.dims) if td else 0
+
+
+@api("acl.get_tensor_desc_dim_v2", "ii", ret="pair")
+def get_tensor_desc_dim_v2(desc: int, index: int) -> tuple[int, int]:
+    td = _tdesc("acl.get_tensor_desc_dim_v2", desc)
+    if td is None or not 0 <= index < len(td.dims):
+        return 0, 100000
+    return td.dims[index], 0
+
+
+@api("acl.get_tensor_desc_type", "i", ret="none")
+def get_tensor_desc_type(desc: int) -> int:
+    td = _tdesc("acl.get_tensor_desc_type", desc)
+    return td.dtype if td else -1
+
+
+@api("acl.get_tensor_desc_format", "i", ret="none")
+def get_tensor_desc_format(desc: int) -> int:
+    td = _tdesc("acl.get_tensor_desc_format", desc)
+    return td.format if td else -1
+
+
+@api("acl.get_tensor_desc_size", "i", ret="none")
+def get_tensor_desc_size(desc: int) -> int:
+    td = _tdesc("acl.get_tensor_desc_size", desc)
+    if td is None or any(d < 0 for d in td.dims):
+        return 0
+    n = DTYPE_SIZE.get(td.dtype, 0)
+    for d in td.dims:
+        n *= d
+    return n
+
+
 def _at_exit() -> None:
     S.write_log("exit")
 
@@ -162,4 +243,6 @@ atexit.register(_at_exit)
 
 __all__ = ["init", "finalize", "get_soc_name", "get_version", "get_recent_err_msg", "create_data_buffer",
            "destroy_data_buffer", "get_data_buffer_addr", "get_data_buffer_size", "get_data_buffer_size_v2",
-           "update_data_buffer", "data_type_size", "rt", "mdl", "util"]
+           "update_data_buffer", "data_type_size", "create_tensor_desc", "destroy_tensor_desc",
+           "get_tensor_desc_num_dims", "get_tensor_desc_dim_v2", "get_tensor_desc_type", "get_tensor_desc_format",
+           "get_tensor_desc_size", "rt", "mdl", "util"]

@@ -23,6 +23,15 @@ a runtime condition, is also recorded in :attr:`State.violations`):
   100018), every buffer is a live device range at least as large as the model's size for it;
 * dynamic batch / hw / dims: only on a model with that kind of gears (100019), at the
   ``ascend_mbatch_shape_data`` index, with one of its gears (145013 for a batch, 100000 otherwise);
+* shape-range models (``ModelSpec.ranges``; reference §3.6 and the pyACL "Dynamic Shape Input (Setting
+  the Shape Range)" guide): ``get_input_dims`` gives -1 on the ranged dims, ``get_input_dims_range`` the
+  ranges, ``get_*_size_by_index`` 0 for a tensor with a -1 dim; ``execute`` needs a tensor desc set with
+  ``acl.mdl.set_dataset_tensor_desc`` for every input, of the model's dtype and rank and inside its
+  range, and buffers large enough for that shape and for the outputs it gives: otherwise 100000
+  (ACL_ERROR_INVALID_PARAM: no finer code is documented for this case) and a violation. The output
+  dataset then holds a desc per output with the shape that ran (``get_dataset_tensor_desc``; owned by
+  the dataset, not to be destroyed by the caller). Tensor descs made with ``acl.create_tensor_desc`` and
+  not destroyed are leaks, and a violation at ``acl.finalize``;
 * teardown order (reference §3.5): data buffers and datasets before unload, unload before destroying
   the desc, streams / models / allocations before their context, contexts before reset_device, every
   device reset before finalize.
@@ -93,9 +102,15 @@ class ModelSpec:
     compute: Callable[["ModelSpec", dict[str, bytes], Any], list[bytes]] | None = None
     hw_gears: tuple = ()
     dims_gears: tuple = ()
+    #: shape-range model: one per-dim ``(low, high)`` tuple per input (``high == -1`` unbounded); the
+    #: "gear" of a run is then the tuple of the inputs' actual values at their -1 dims, in input order,
+    #: and the outputs' -1 dims take those values from the start (as for dims gears)
+    ranges: tuple = ()
 
     @property
     def kind(self) -> str | None:
+        if self.ranges:
+            return "shape"
         return "batch" if self.batch_gears else "hw" if self.hw_gears else "dims" if self.dims_gears else None
 
     @property
@@ -106,6 +121,8 @@ class ModelSpec:
 
     @property
     def all_inputs(self) -> list[TensorSpec]:
+        if self.kind == "shape":
+            return list(self.inputs)
         if self.kind == "batch":
             return self.inputs + [TensorSpec(MBATCH_NAME, (1,), 3, 2)]   # int32 [1], as GE adds it
         if self.kind == "hw":
@@ -145,10 +162,14 @@ class ModelSpec:
     def output_dims(self, gear: tuple | None) -> list[list[int]]:
         return self._fill(self.outputs, gear, shared=False)
 
+    def shape_gear(self, dims_per_input: list[list[int]]) -> tuple:
+        """The "gear" of a shape-range run: the actual values at every input's -1 dims, in order."""
+        return tuple(v for t, dims in zip(self.inputs, dims_per_input) for d, v in zip(t.dims, dims) if d < 0)
+
     @property
     def max_gear(self) -> tuple | None:
         """The gear that needs the most input bytes (what runs when none is set)."""
-        if not self.kind:
+        if not self.kind or self.kind == "shape":
             return None
         return max(self.gears, key=lambda g: sum(t.nbytes_of(d) for t, d in zip(self.inputs, self.input_dims(g))))
 
@@ -157,6 +178,8 @@ class ModelSpec:
         t = ts[k]
         if t.size is not None:
             return t.size
+        if self.kind == "shape":
+            return 0 if any(d < 0 for d in t.dims) else t.nbytes_of(t.dims)   # "0: the shape is dynamic"
         if t.name == MBATCH_NAME and not outputs:
             return t.nbytes_of(t.dims)
         fill = self.output_dims if outputs else self.input_dims
@@ -179,10 +202,24 @@ class Alloc:
 
 
 @dataclasses.dataclass
+class TensorDesc:
+    """An aclTensorDesc: ``owner`` is None for one the caller made (``acl.create_tensor_desc``), else the
+    dataset that holds it (``get_dataset_tensor_desc`` of an output dataset)."""
+
+    dtype: int
+    dims: tuple
+    format: int
+    owner: int | None = None
+
+
+@dataclasses.dataclass
 class Dataset:
     buffers: list[int] = dataclasses.field(default_factory=list)
     gear: tuple | None = None
     models: set = dataclasses.field(default_factory=set)
+    #: index -> tensor desc handle the dataset owns: a copy of the one given to set_dataset_tensor_desc
+    #: (input datasets), or the shape an output got in the last execute (output datasets)
+    descs: dict = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass
@@ -235,6 +272,7 @@ class State:
             self.host: dict[int, Alloc] = {}            # pinned host allocations
             self.buffers: dict[int, list] = {}          # data buffer -> [ptr, size]
             self.datasets: dict[int, Dataset] = {}
+            self.tensor_descs: dict[int, TensorDesc] = {}
             self.descs: dict[int, int | None] = {}      # desc -> model id (after get_desc)
             self.models: dict[int, Model] = {}
             self.injected: dict[str, list[int]] = {}
@@ -243,6 +281,7 @@ class State:
             self.executions: list[Execution] = []
             self.recent_err = ""
             self._next = {"ctx": 0x1000, "stream": 0x2000, "buf": 0x3000, "ds": 0x4000, "desc": 0x5000,
+                          "tdesc": 0x6000,
                           "model": 1, "dev": DEVICE_BASE}
 
     # ------------------------------------------------------------------ helpers
@@ -312,6 +351,8 @@ class State:
             out += [f"host memory {hex(p)} ({a.size} bytes) not freed" for p, a in self.host.items()]
             out += [f"data buffer {hex(h)} not destroyed" for h in self.buffers]
             out += [f"dataset {hex(h)} not destroyed" for h in self.datasets]
+            out += [f"tensor desc {hex(h)} {list(td.dims)} not destroyed (acl.destroy_tensor_desc)"
+                    for h, td in self.tensor_descs.items() if td.owner is None]
             out += [f"model {m} ({self.models[m].path}) not unloaded" for m in self.models]
             out += [f"model desc {hex(d)} not destroyed" for d in self.descs]
             out += [f"stream {hex(s)} not destroyed" for s in self.streams]

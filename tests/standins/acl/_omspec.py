@@ -74,10 +74,15 @@ def spec_from_om(path: str) -> ModelSpec | None:
                           size=td.size if td.size else None)
 
     inputs = []
+    ranges = []
     for op in data_ops:
         td = op.output_desc[0]
         dims = _ints(op.attr["_mbatch_origin_input_dims"]) if "_mbatch_origin_input_dims" in op.attr else None
         inputs.append(tspec(op.name, td, dims if dims is not None else list(td.shape.dim)))
+        # shape-range model: GE's descriptor attr "shape_range", one [low, high] per dim (ge_tensor.cc)
+        rows = ([tuple(r.list_i) for r in td.attr["shape_range"].list_list_int.list_list_i]
+                if "shape_range" in td.attr else [])
+        ranges.append(tuple(rows) if rows else tuple((d, d) for d in td.shape.dim))
     outputs = []
     net = [op for op in ops if op.type == "NetOutput"]
     names = [s.decode().rsplit(":", 1)[0] for s in md.attr["attr_model_out_nodes_name"].list.s] \
@@ -92,4 +97,6 @@ def spec_from_om(path: str) -> ModelSpec | None:
     extra = {}
     if gears and kind in by_kind:
         extra[by_kind[kind]] = tuple(g[0] for g in gears) if kind == 1 else tuple(tuple(g) for g in gears)
+    if any("shape_range" in op.output_desc[0].attr for op in data_ops):
+        extra["ranges"] = tuple(ranges)
     return ModelSpec(inputs, outputs, soc_version=soc, **extra)

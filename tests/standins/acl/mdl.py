@@ -7,7 +7,8 @@ import os
 import struct
 import threading
 
-from acl._core import MBATCH_NAME, Dataset, Execution, Model, ModelSpec, S, TensorSpec, api, default_compute
+from acl._core import (MBATCH_NAME, Dataset, Execution, Model, ModelSpec, S, TensorDesc, TensorSpec, api,
+                       default_compute)
 
 
 def _spec_for(path: str) -> ModelSpec | None:
@@ -205,6 +206,21 @@ def _index(name: str, desc: int, tname: str, outputs: bool) -> tuple[int, int]:
     return 0, 100000
 
 
+@api("acl.mdl.get_input_dims_range", "ii", ret="dict")
+def get_input_dims_range(desc: int, i: int) -> tuple[dict, int]:
+    """aclmdlGetInputDimsRange: ``{"rangeCount": n, "range": [[low, high], ...]}`` (the C struct's field
+    names); a fixed dim has low == high, as for every dim of a static model."""
+    r = _tensor("acl.mdl.get_input_dims_range", desc, i, False)
+    if r is None:
+        return {}, 100000
+    m, t = r
+    if m.spec.kind == "shape" and i < len(m.spec.ranges):
+        rng = [[int(lo), int(hi)] for lo, hi in m.spec.ranges[i]]
+    else:
+        rng = [[d, d] for d in t.dims]
+    return {"rangeCount": len(rng), "range": rng}, 0
+
+
 @api("acl.mdl.get_input_index_by_name", "is", ret="pair")
 def get_input_index_by_name(desc: int, name: str) -> tuple[int, int]:
     return _index("acl.mdl.get_input_index_by_name", desc, name, False)
@@ -290,8 +306,43 @@ def destroy_dataset(ds: int) -> int:
     if ds not in S.datasets:
         S.violate(f"acl.mdl.destroy_dataset of unknown/destroyed dataset {hex(ds)}")
         return 100000
+    for h in S.datasets[ds].descs.values():     # the dataset's own copies go with it
+        S.tensor_descs.pop(h, None)
     del S.datasets[ds]
     return 0
+
+
+def _hold(d: Dataset, ds: int, index: int, dtype: int, dims, fmt: int) -> None:
+    old = d.descs.get(index)
+    if old is not None:
+        S.tensor_descs.pop(old, None)
+    h = S.new("tdesc", 16)
+    S.tensor_descs[h] = TensorDesc(dtype, tuple(dims), fmt, owner=ds)
+    d.descs[index] = h
+
+
+@api("acl.mdl.set_dataset_tensor_desc", "iii", ret="pair")
+def set_dataset_tensor_desc(ds: int, tdesc: int, index: int) -> tuple[int, int]:
+    """aclmdlSetDatasetTensorDesc: the dataset keeps a copy; the caller still destroys its desc."""
+    d = S.datasets.get(ds)
+    td = S.tensor_descs.get(tdesc)
+    if d is None or td is None:
+        S.violate(f"acl.mdl.set_dataset_tensor_desc on unknown dataset {hex(ds)} or tensor desc {hex(tdesc)}")
+        return 0, 100000
+    if not 0 <= index < len(d.buffers):
+        S.violate(f"acl.mdl.set_dataset_tensor_desc: index {index} but the dataset has {len(d.buffers)} buffers")
+        return 0, 100000
+    _hold(d, ds, index, td.dtype, td.dims, td.format)
+    return ds, 0
+
+
+@api("acl.mdl.get_dataset_tensor_desc", "ii", ret="none")
+def get_dataset_tensor_desc(ds: int, index: int) -> int:
+    """aclmdlGetDatasetTensorDesc: the desc the dataset holds (0 when none); it stays the dataset's."""
+    d = S.datasets.get(ds)
+    if d is None:
+        return 0
+    return d.descs.get(index, 0)
 
 
 def _set_gear(name: str, kind: str, model_id: int, ds: int, index: int, gear: tuple, bad_code: int) -> int:
@@ -368,6 +419,46 @@ def _check_buffers(name: str, m: Model, d: Dataset, specs: list[TensorSpec], wha
     return 0
 
 
+def _shape_run(name: str, m: Model, d: Dataset) -> tuple | None:
+    """The run's gear (actual values at the -1 dims) from the input dataset's tensor descs, or None
+    after recording why the run is refused."""
+    dims_per_input = []
+    for k, (t, rng) in enumerate(zip(m.spec.inputs, m.spec.ranges)):
+        h = d.descs.get(k)
+        td = S.tensor_descs.get(h) if h is not None else None
+        if td is None:
+            S.violate(f"{name}: shape-range model input {k} {t.name!r} has no tensor desc "
+                      f"(acl.mdl.set_dataset_tensor_desc before execute)")
+            return None
+        if td.dtype != t.dtype or len(td.dims) != len(t.dims):
+            S.violate(f"{name}: input {t.name!r} desc is dtype {td.dtype} rank {len(td.dims)}, the model has "
+                      f"dtype {t.dtype} rank {len(t.dims)}")
+            return None
+        for axis, (v, (lo, hi)) in enumerate(zip(td.dims, rng)):
+            if v < lo or (hi != -1 and v > hi):
+                S.violate(f"{name}: input {t.name!r} dim {axis} = {v} is outside its range {lo}~{hi}")
+                return None
+        dims_per_input.append(list(td.dims))
+    return m.spec.shape_gear(dims_per_input)
+
+
+def _check_run_buffers(name: str, d: Dataset, specs: list[TensorSpec], dims: list[list[int]], what: str) -> int:
+    for k, (t, shape) in enumerate(zip(specs, dims)):
+        if d.buffers[k] not in S.buffers:
+            S.violate(f"{name}: {what} {k} data buffer was destroyed")
+            return 100000
+        ptr, size = S.buffers[d.buffers[k]]
+        need = t.nbytes_of(shape)
+        if size < need:
+            S.violate(f"{name}: {what} {t.name!r} buffer is {size} bytes, shape {shape} needs {need}")
+            return 100000
+        r = S.device_region(ptr, max(size, 1))
+        if not isinstance(r, tuple):
+            S.violate(f"{name}: {what} {t.name!r} buffer: {r or 'host memory, not device memory'}")
+            return 107000
+    return 0
+
+
 def _execute(name: str, model_id: int, in_ds: int, out_ds: int) -> int:
     rc = S.need_ctx(name)
     if rc:
@@ -388,12 +479,21 @@ def _execute(name: str, model_id: int, in_ds: int, out_ds: int) -> int:
     if len(do.buffers) != len(outs):
         S.violate(f"{name}: output dataset has {len(do.buffers)} buffers, the model has {len(outs)} outputs")
         return 100018
-    rc = _check_buffers(name, m, di, ins, "input") or _check_buffers(name, m, do, outs, "output")
+    if m.spec.kind == "shape":
+        gear = _shape_run(name, m, di)
+        if gear is None:
+            return 100000
+        in_dims, out_dims = m.spec.input_dims(gear), m.spec.output_dims(gear)
+        rc = (_check_run_buffers(name, di, ins, in_dims, "input")
+              or _check_run_buffers(name, do, outs, out_dims, "output"))
+    else:
+        rc = _check_buffers(name, m, di, ins, "input") or _check_buffers(name, m, do, outs, "output")
     if rc:
         return rc
     di.models.add(model_id)
     do.models.add(model_id)
-    gear = di.gear if di.gear is not None else m.spec.max_gear
+    if m.spec.kind != "shape":
+        gear = di.gear if di.gear is not None else m.spec.max_gear
     data: dict[str, bytes] = {}
     for k, (t, dims) in enumerate(zip(m.spec.inputs, m.spec.input_dims(gear))):
         ptr, _ = S.buffers[di.buffers[k]]
@@ -408,6 +508,8 @@ def _execute(name: str, model_id: int, in_ds: int, out_ds: int) -> int:
         ptr, _ = S.buffers[do.buffers[k]]
         alloc, off = S.device_region(ptr, 1)
         alloc.data[off:off + len(blob)] = blob
+        if m.spec.kind == "shape":
+            _hold(do, out_ds, k, t.dtype, dims, t.format)
     m.last_gear = gear
     S.executions.append(Execution(model_id, gear[0] if m.spec.kind == "batch" else None, data,
                                   [bytes(b) for b in results], threading.current_thread().name, gear))
