@@ -88,6 +88,9 @@ class ConvertOptions:
     #: a SoC profile JSON given as ``soc`` (``npu-deploy cost fit -o my.json``): the estimate uses it,
     #: the planning (and ATC) its ``base`` SoC
     cost_profile: Any = None
+    #: the installed op info to plan with (``--op-info DIR``: an opp folder, its ``config`` folder or a
+    #: ``<soc>`` folder; None: ``$ASCEND_OPP_PATH`` when set, else the built-in op table; ``opinfo.resolve``)
+    op_info: str | None = None
 
     def __post_init__(self) -> None:
         _split_ranges(self)

@@ -13,7 +13,7 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from npu_deploy.converters.lowering import ops
+from npu_deploy.converters.lowering import opinfo, ops
 from npu_deploy.converters.lowering.contracts import Step, run_steps
 from npu_deploy.converters.lowering.plan_state import (C04, CUBE_OPS, HOST_LAYOUTS, MIX_PRECISION_FP32_OPS,
                                                        NC1HWC0, ND, NDC1HWC0, NZ, PRIVATE_5HD, NodeFormats,
@@ -107,6 +107,8 @@ class AssignPreferredFormats(Pass):
                     why = f"{n.node.op_type} with a 1-D operand runs in ND"
             else:
                 fixed = kind == "nd"
+            if not is_plain(fmt) and (no := opinfo.excluded(state.op_info, n.node.op_type, r, n.dtype, fmt)):
+                fmt, why, fixed = opinfo.fallback(state.op_info, n.node.op_type, r, n.dtype, fmt), no, True
             n.fmt, n.why, n.fixed, n.first = fmt, why, fixed, fmt
         return True
 
@@ -164,6 +166,9 @@ def check_format(state: PlanState, n: _Node, fmt: str) -> str | None:
         return f"{n.node.op_type} runs in the graph's layout, not the host layout {fmt}"
     if is_plain(fmt):
         return None
+    if (no := opinfo.excluded(state.op_info, n.node.op_type, state.rank(n.node.input[0]) if n.node.input else 0,
+                              n.dtype, fmt)):
+        return no
     if n.fixed:
         return f"{n.node.op_type} {n.node.name} must run in {n.fmt} ({n.why})"
     kind = n.rule.kind
@@ -853,7 +858,7 @@ def plan_bodies(state: PlanState, support, prefix: str = "") -> None:
             sub = PlanState(_BodyModel(state.loaded, body, [t for t in outer if t not in outer_const]),
                             _support_below(support, sub_prefix), precision_mode=state.precision_mode,
                             keep_dtype=(), enable_small_channel=False, input_format=None,
-                            outer_const=outer_const, soc=state.soc)
+                            outer_const=outer_const, soc=state.soc, op_info=state.op_info)
             # the boundary: an outer tensor enters the body as it is stored outside (no conversion at
             # the owner); a body op that wants another format gets its TransData inside the body
             for t in outer:
