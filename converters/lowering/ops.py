@@ -162,9 +162,15 @@ CANN_OPS = {
 }
 
 
-# 5-D operands (Conv3d and friends): the parser plugin's 3-D op
+# 5-D operands (Conv3d and friends): the parser plugin's 3-D op, which runs in NDC1HWC0
 CANN_OPS_3D = {"Conv": "Conv3D", "ConvTranspose": "Conv3DTranspose", "MaxPool": "MaxPool3D",
                "AveragePool": "AvgPool3D"}
+# NC1HWC0 ops that also take a 3-D (N, C, L) input in NC1HWC0 (the parser unsqueezes it to N, C, 1, L)
+NC1HWC0_RANK3_OPS = frozenset({"Conv", "MaxPool", "AveragePool", "BatchNormalization", "GlobalAveragePool",
+                               "GlobalMaxPool"})
+# Ops whose output differs run to run: never constant-folded
+RANDOM_OPS = frozenset({"RandomNormal", "RandomNormalLike", "RandomUniform", "RandomUniformLike", "Multinomial",
+                        "Bernoulli"})
 
 # The main op of a parser plugin's PartitionedCall subgraph, where it is not found by name (the others
 # reshape, cast or scale: :data:`SUBGRAPH_HELPER_OPS`); the op-support data (``support.py``) names these,

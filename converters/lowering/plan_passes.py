@@ -81,10 +81,9 @@ class AssignPreferredFormats(Pass):
                 why = "constant-folded at compile time"
                 fixed = True
             elif kind == "5hd":
-                if r == 4 or (r == 3 and n.node.op_type in ("Conv", "MaxPool", "AveragePool", "BatchNormalization",
-                                                            "GlobalAveragePool", "GlobalMaxPool")):
+                if r == 4 or (r == 3 and n.node.op_type in ops.NC1HWC0_RANK3_OPS):
                     fmt, fixed = NC1HWC0, True
-                elif r == 5 and n.node.op_type in ("Conv", "ConvTranspose", "MaxPool", "AveragePool"):
+                elif r == 5 and n.node.op_type in ops.CANN_OPS_3D:
                     fmt, why, fixed = NDC1HWC0, n.rule.note.replace("NC1HWC0", "NDC1HWC0"), True
                 else:
                     why = f"{n.node.op_type} on a rank-{r} tensor runs in ND"

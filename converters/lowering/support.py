@@ -270,8 +270,6 @@ def constant_tensors(graph: onnx.GraphProto, static_shapes: Mapping[str, tuple] 
     with a static shape, and outputs of deterministic nodes whose inputs are all such tensors."""
     const = {t.name for t in graph.initializer}
     static_shapes = static_shapes or {}
-    random_ops = {"RandomNormal", "RandomNormalLike", "RandomUniform", "RandomUniformLike", "Multinomial",
-                  "Bernoulli"}
     for n in graph.node:
         ins = [i for i in n.input if i]
         if n.op_type == "Constant":
@@ -279,7 +277,7 @@ def constant_tensors(graph: onnx.GraphProto, static_shapes: Mapping[str, tuple] 
         elif n.op_type in ("Shape", "Size"):
             shape = static_shapes.get(ins[0]) if ins else None
             ok = shape is not None and all(d >= 0 for d in shape)
-        elif n.op_type in random_ops or any(a.type == onnx.AttributeProto.GRAPH for a in n.attribute):
+        elif n.op_type in ops.RANDOM_OPS or any(a.type == onnx.AttributeProto.GRAPH for a in n.attribute):
             ok = False
         else:
             ok = bool(ins) and all(i in const for i in ins)
