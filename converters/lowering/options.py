@@ -90,7 +90,7 @@ class ConvertOptions:
     cost_profile: Any = None
     #: the installed op info to plan with (``--op-info DIR``: an opp folder, its ``config`` folder or a
     #: ``<soc>`` folder; None: ``$ASCEND_OPP_PATH`` when set, else the built-in op table; ``opinfo.resolve``)
-    op_info: str | None = None
+    op_info: Any = None   # a path, or an opinfo.OpInfo already read (optimize reads it once)
 
     def __post_init__(self) -> None:
         _split_ranges(self)

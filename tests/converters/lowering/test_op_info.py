@@ -217,3 +217,16 @@ def test_op_row_shows_installed_columns(tmp_path, no_env):
     r = S.op_row("Relu", "Ascend310P3", op_info=info, dtypes=("float16", "float32", "int8"))
     assert r.formats == {"float16": {"NC1HWC0"}, "float32": {"ND"}, "int8": None}
     assert "  installed op info: float16 NC1HWC0, float32 ND, int8 not bounded" in r.lines()
+
+
+def test_optimize_measures_with_the_op_info(tmp_path, no_env, run_cli):
+    """optimize --op-info: the plans that judge each rewrite use the installed columns."""
+    from npu_deploy.converters.optimize.driver import optimize_model
+
+    m = onnx.load(_conv_relu_conv(tmp_path))
+    base, _ = optimize_model(m)
+    narrowed, _ = optimize_model(m, op_info=_opp(tmp_path, ops=_relu("float16,float", "ND,ND")))
+    assert base.before["transdata"] == 2 and narrowed.before["transdata"] == 4   # as planned above
+    bad = _opp(tmp_path / "bad", ops={"Relu": {"input0": _col("x", "float16,float", "ND")}})
+    code, _, stderr = run_cli("optimize", tmp_path / "crc.onnx", "-o", tmp_path / "o.onnx", "--op-info", bad)
+    assert code == 2 and "Relu.input0.format" in stderr and not (tmp_path / "o.onnx").exists()
