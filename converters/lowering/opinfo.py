@@ -27,7 +27,9 @@ Keys read, per op (the object keyed by the CANN op type):
 
 How the planner uses it (:func:`excluded`): a node's CANN op with static columns narrows the formats
 the planner may give it — a blocked format its input-0 columns do not list for the node's dtype is not
-taken (the node stays in ND, a Conv's NC1HWC0_C04 falls back to NC1HWC0). Without op info (no
+taken (the node stays in ND, a Conv's NC1HWC0_C04 falls back to NC1HWC0). The ``heavyOp`` flag of
+the MatMul family (:func:`heavy`) replaces the built-in per-SoC trait (``ops.SOC_TRAITS``) where the
+file has it. Without op info (no
 ``ASCEND_OPP_PATH``, no ``--op-info``) the planner uses the built-in table alone, and bundles are
 byte-identical to before. What the columns do *not* do yet: widen a format the built-in table does not
 plan for an op (a new kind of kernel layout needs its planner rule), and choose the engine (AI CPU).
@@ -226,6 +228,18 @@ def excluded(info: OpInfo | None, onnx_op: str, rank: int, dtype: str, fmt: str)
         t = e.inputs[0]
         return (f"installed op info: {name} input0 ({t.name}) lists {', '.join(sorted(allowed))} for "
                 f"{dtype}, not {fmt} ({Path(e.source).name})")
+    return None
+
+
+def heavy(info: OpInfo | None, onnx_op: str, rank: int = 4) -> bool | None:
+    """The installed ``heavyOp`` flag of an ONNX op's CANN op (None: no op info, no entry or no flag:
+    the built-in table's ``SOC_TRAITS`` decides)."""
+    if info is None:
+        return None
+    for name in cann_candidates(onnx_op, rank):
+        e = info.entry(name)
+        if e is not None:
+            return e.heavy
     return None
 
 

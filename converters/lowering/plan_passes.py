@@ -119,15 +119,17 @@ def _matmul_pick(state: PlanState, n: _Node) -> tuple[str, str, bool]:
     default strategy keeps the origin format ND, which BatchMatMulV2 offers on fix-pipe SoCs or when
     m, k, n are multiples of 16 (``batch_matmul_v2.py`` op_select_format)."""
     cann = ops.cann_op(n.node.op_type)
-    if ops.matmul_is_heavy(state.soc):
-        return NZ, (f"{cann} is a heavy op on {ops.soc_family(state.soc) or state.soc} (FE op info heavyOp; "
+    installed = opinfo.heavy(state.op_info, n.node.op_type)
+    src = "FE op info" if installed is None else "installed op info"
+    if ops.matmul_is_heavy(state.soc) if installed is None else installed:
+        return NZ, (f"{cann} is a heavy op on {ops.soc_family(state.soc) or state.soc} ({src} heavyOp; "
                     f"format mode keeps FRACTAL_NZ): the cube reads 16x16 FRACTAL_NZ fractals"), True
     t = ops.traits(state.soc)
     a, b = state.shapes.get(n.node.input[0], ()), state.shapes.get(n.node.input[1], ())
     aligned = len(a) >= 2 and len(b) >= 2 and all(d > 0 and d % 16 == 0 for d in (a[-2], a[-1], b[-1]))
     if t.fix_pipe or aligned:
         why = "the fix-pipe offers ND columns" if t.fix_pipe else "m, k, n are multiples of 16"
-        return ND, (f"{cann} is not a heavy op on {ops.soc_family(state.soc)} (FE op info) and {why}: "
+        return ND, (f"{cann} is not a heavy op on {ops.soc_family(state.soc)} ({src}) and {why}: "
                     f"the default strategy keeps the origin format ND"), False
     return NZ, f"{cann} on {state.soc}: FRACTAL_NZ only (no ND column for these sizes)", True
 

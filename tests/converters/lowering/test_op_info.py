@@ -230,3 +230,41 @@ def test_optimize_measures_with_the_op_info(tmp_path, no_env, run_cli):
     bad = _opp(tmp_path / "bad", ops={"Relu": {"input0": _col("x", "float16,float", "ND")}})
     code, _, stderr = run_cli("optimize", tmp_path / "crc.onnx", "-o", tmp_path / "o.onnx", "--op-info", bad)
     assert code == 2 and "Relu.input0.format" in stderr and not (tmp_path / "o.onnx").exists()
+
+
+def _matmul_chain(tmp: Path) -> Path:
+    """x [32, 64] -> MatMul W1 [64, 64] -> Relu -> MatMul W2 [64, 48] -> y (m, k, n multiples of 16)."""
+    rng = np.random.default_rng(2)
+    w1 = numpy_helper.from_array(rng.standard_normal((64, 64)).astype(np.float32), "w1")
+    w2 = numpy_helper.from_array(rng.standard_normal((64, 48)).astype(np.float32), "w2")
+    g = helper.make_graph([helper.make_node("MatMul", ["x", "w1"], ["a"], name="mm1"),
+                           helper.make_node("Relu", ["a"], ["r"], name="relu"),
+                           helper.make_node("MatMul", ["r", "w2"], ["y"], name="mm2")], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [32, 64])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [32, 48])], [w1, w2])
+    path = tmp / "mm.onnx"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), path)
+    return path
+
+
+def _bmm(heavy: str, formats: str = "FRACTAL_NZ,ND") -> dict:
+    n = len(formats.split(","))
+    dt = ",".join(["float16"] * n)
+    return {"BatchMatMulV2": {"input0": _col("x1", dt, formats), "input1": _col("x2", dt, formats),
+                              "output0": _col("y", dt, formats), "heavyOp": {"flag": heavy}}}
+
+
+def test_installed_heavy_op_flag_replaces_the_soc_trait(tmp_path, no_env):
+    model = load_model(_matmul_chain(tmp_path))
+    # built-in: BatchMatMulV2 is heavy on 310P: x ND->NZ, y NZ->ND = 2; on 910B not heavy, aligned: 0
+    assert len(plan(model, soc="Ascend310P3").transdata) == 2
+    assert len(plan(model, soc="Ascend910B3").transdata) == 0
+    # an install whose 310P op info says heavyOp false: the aligned chain stays ND, 0 TransData
+    p = plan(model, soc="Ascend310P3", op_info=_opp(tmp_path / "a", ops=_bmm("false")))
+    assert p.transdata == [] and p.node_formats["mm1"].input_formats[0] == "ND"
+    # one whose 910B op info says heavyOp true: NZ as on 310P, 2 TransData
+    p = plan(model, soc="Ascend910B3", op_info=_opp(tmp_path / "b", soc_dir="ascend910b", ops=_bmm("true")))
+    assert len(p.transdata) == 2 and all("installed op info heavyOp" in t.reason for t in p.transdata)
+    # heavy, but the columns list ND only: the format columns win, the chain stays ND
+    p = plan(model, soc="Ascend310P3", op_info=_opp(tmp_path / "c", ops=_bmm("true", "ND")))
+    assert p.transdata == []
