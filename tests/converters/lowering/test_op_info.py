@@ -17,7 +17,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from npu_deploy.converters.files.onnx_model import load_model
-from npu_deploy.converters.lowering import opinfo
+from npu_deploy.converters.lowering import opinfo, ops
 from npu_deploy.converters.lowering import support as S
 from npu_deploy.converters.lowering.planner import plan
 from npu_deploy.errors import InputError
@@ -268,3 +268,36 @@ def test_installed_heavy_op_flag_replaces_the_soc_trait(tmp_path, no_env):
     # heavy, but the columns list ND only: the format columns win, the chain stays ND
     p = plan(model, soc="Ascend310P3", op_info=_opp(tmp_path / "c", ops=_bmm("true", "ND")))
     assert p.transdata == []
+
+
+@pytest.mark.realmodel
+@pytest.mark.slow
+def test_real_model_nd_only_relu_and_an_install_that_agrees(tmp_path, no_env, real_model):
+    """PP-OCR cls (53 Conv, 15 Relu) on Ascend310P3. Built-in: 4 TransData, every Relu in NC1HWC0.
+
+    Relu listed ND only, predicted by hand from the graph: each Relu's producer is a BatchNormalization
+    (6) or an Add of two NC1HWC0 Conv branches (9: moving the Add to ND would convert both its inputs
+    instead of its one output), and its readers are Convs (or a GlobalAveragePool and a Mul in that
+    pool's NC1HWC0 format): every Relu costs one conversion out of NC1HWC0 and one back, 4 + 2 x 15 = 34.
+    An install whose columns list every format for every op of the model changes nothing.
+    """
+    path = real_model("ppocr_cls")
+    model = load_model(path, input_shapes={"x": (1, 3, 48, 192)})
+    g = model.model.graph
+    prod = {o: n for n in g.node for o in n.output}
+    relus = [n for n in g.node if n.op_type == "Relu"]
+    assert len(relus) == 15 and {prod[n.input[0]].op_type for n in relus} == {"BatchNormalization", "Add"}
+    base = plan(model, soc="Ascend310P3")
+    assert len(base.transdata) == 4
+    assert {tuple(base.node_formats[n.name].input_formats) for n in relus} == {("NC1HWC0",)}
+    p = plan(model, soc="Ascend310P3", op_info=_opp(tmp_path / "nd", ops=_relu("float16,float", "ND,ND")))
+    assert len(p.transdata) == 4 + 2 * 15
+    assert {tuple(p.node_formats[n.name].input_formats) for n in relus} == {("NCHW",)}
+    every = "NC1HWC0,NC1HWC0_C04,FRACTAL_Z,FRACTAL_NZ,ND,NCHW"
+    k = len(every.split(","))
+    cols = _col("x", ",".join(["float16"] * k + ["float"] * k), ",".join([every] * 2))
+    agree = {ops.cann_op(t): {"input0": cols} for t in {n.op_type for n in g.node}}
+    same = plan(model, soc="Ascend310P3", op_info=_opp(tmp_path / "all", ops=agree))
+    assert [t.to_manifest() for t in same.transdata] == [t.to_manifest() for t in base.transdata]
+    assert {k: v.to_manifest() for k, v in same.node_formats.items()} == \
+        {k: v.to_manifest() for k, v in base.node_formats.items()}
