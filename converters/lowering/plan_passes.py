@@ -108,6 +108,7 @@ class AssignPreferredFormats(Pass):
                 fixed = kind == "nd"
             if not is_plain(fmt) and (no := opinfo.excluded(state.op_info, n.node.op_type, r, n.dtype, fmt)):
                 fmt, why, fixed = opinfo.fallback(state.op_info, n.node.op_type, r, n.dtype, fmt), no, True
+                n.c0_weight = n.c0_weight and fmt == C04
             n.fmt, n.why, n.fixed, n.first = fmt, why, fixed, fmt
         return True
 

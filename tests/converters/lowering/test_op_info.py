@@ -47,8 +47,8 @@ def _relu(dtypes: str, formats: str) -> dict:
 def _conv_relu_conv(tmp: Path) -> Path:
     """x [1,16,8,8] -> Conv 3x3 -> Relu -> Conv 3x3 -> y."""
     rng = np.random.default_rng(0)
-    w1 = numpy_helper.from_array(rng.standard_normal((16, 16, 3, 3)).astype(np.float32), "w1")
-    w2 = numpy_helper.from_array(rng.standard_normal((16, 16, 3, 3)).astype(np.float32), "w2")
+    w1 = numpy_helper.from_array((rng.standard_normal((16, 16, 3, 3)) / 12).astype(np.float32), "w1")
+    w2 = numpy_helper.from_array((rng.standard_normal((16, 16, 3, 3)) / 12).astype(np.float32), "w2")
     g = helper.make_graph([
         helper.make_node("Conv", ["x", "w1"], ["c1"], name="conv1", pads=[1, 1, 1, 1]),
         helper.make_node("Relu", ["c1"], ["r"], name="relu"),
@@ -210,6 +210,9 @@ def test_cli_op_info_changes_the_plan(tmp_path, no_env, run_cli):
     assert code == 0
     assert "4 TransData planned" in stdout and "c1 NC1HWC0 -> NCHW" in stdout, stdout
     assert "note: installed op info for Ascend310P3" in stdout
+    # the bundle the narrowed plan wrote runs on the emulator and matches onnxruntime
+    code, stdout, stderr = run_cli("compare", model, tmp_path / "m.bundle")
+    assert code == 0, stdout + stderr
 
 
 def test_op_row_shows_installed_columns(tmp_path, no_env):
@@ -301,3 +304,20 @@ def test_real_model_nd_only_relu_and_an_install_that_agrees(tmp_path, no_env, re
     assert [t.to_manifest() for t in same.transdata] == [t.to_manifest() for t in base.transdata]
     assert {k: v.to_manifest() for k, v in same.node_formats.items()} == \
         {k: v.to_manifest() for k, v in base.node_formats.items()}
+
+
+def test_small_channel_conv_without_c04_column_falls_back_to_nc1hwc0(tmp_path, no_env):
+    # x [1,3,16,16] -> Conv 3x3 (Cin 3): --enable-small-channel plans NC1HWC0_C04 and a FRACTAL_Z_C04 weight;
+    # an install whose Conv2D lists NC1HWC0 only for float16: NC1HWC0 input and an ordinary FRACTAL_Z weight
+    w = numpy_helper.from_array(np.random.default_rng(3).standard_normal((8, 3, 3, 3)).astype(np.float32), "w")
+    g = helper.make_graph([helper.make_node("Conv", ["x", "w"], ["y"], name="conv", pads=[1, 1, 1, 1])], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 16, 16])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 16, 16])], [w])
+    path = tmp_path / "c.onnx"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), path)
+    model = load_model(path)
+    base = plan(model, soc="Ascend310P3", enable_small_channel=True)
+    assert base.node_formats["conv"].input_formats[0] == "NC1HWC0_C04" and base.weights[0].format == "FRACTAL_Z_C04"
+    conv = {"Conv2D": {"input0": _col("x", "float16", "NC1HWC0"), "input1": _col("filter", "float16", "FRACTAL_Z")}}
+    p = plan(model, soc="Ascend310P3", enable_small_channel=True, op_info=_opp(tmp_path, ops=conv))
+    assert p.node_formats["conv"].input_formats[0] == "NC1HWC0" and p.weights[0].format == "FRACTAL_Z"
