@@ -141,7 +141,7 @@ def find_folder(root: str | os.PathLike, soc: str) -> tuple[Path | None, list[Pa
     config folders seen (to say which SoCs are there when this one is not)."""
     name = soc_folder(soc)
     root = Path(root)
-    if root.is_dir() and any(root.glob(f"aic-{name}-ops-info*.json")):
+    if _holds(root, f"aic-{name}-ops-info*.json"):
         return root, [root.parent]
     seen = []
     for sub in _LAYOUTS:
@@ -150,9 +150,23 @@ def find_folder(root: str | os.PathLike, soc: str) -> tuple[Path | None, list[Pa
             continue
         if (cfg / name).is_dir():
             return cfg / name, [cfg]
-        if any(p.is_dir() and any(p.glob("aic-*-ops-info*.json")) for p in cfg.iterdir()):
+        if any(_holds(p, "aic-*-ops-info*.json") for p in _subdirs(cfg)):
             seen.append(cfg)
     return None, seen
+
+
+def _subdirs(folder: Path) -> list[Path]:
+    try:
+        return sorted(p for p in folder.iterdir() if p.is_dir())
+    except OSError:   # unreadable: nothing found there
+        return []
+
+
+def _holds(folder: Path, pattern: str) -> bool:
+    try:
+        return folder.is_dir() and any(folder.glob(pattern))
+    except OSError:
+        return False
 
 
 def load_op_info(root: str | os.PathLike, soc: str) -> OpInfo | None:
@@ -199,7 +213,7 @@ def resolve(op_info_dir: str | os.PathLike | None, soc: str,
         return None, [f"${ENV}={root} holds no aic-<soc>-ops-info.json: the built-in op table is used"]
     info = load_op_info(root, soc)
     if info is None:
-        there = sorted({p.name for cfg in seen for p in cfg.iterdir() if p.is_dir()})
+        there = sorted({p.name for cfg in seen for p in _subdirs(cfg) if _holds(p, "aic-*-ops-info*.json")})
         return None, [f"op info ({where} {root}) has no folder for {soc_folder(soc)} (found: "
                       f"{', '.join(there) or 'none'}): the built-in op table is used for {soc}"]
     return info, [f"{info.describe()} ({where}): its static format columns narrow the planner's choices"]
