@@ -148,6 +148,9 @@ class ConvertOptions:
             one = len(ignored) == 1
             notes.append(f"{names} only appl{'ies' if one else 'y'} to the ATC backend; the built-in lowering "
                          f"ran and ignored {'it' if one else 'them'}")
+        if backend == "atc" and self.op_info is not None:
+            notes.append("--op-info applies to the built-in lowering; ATC reads the op info of its own CANN "
+                         "install ($ASCEND_OPP_PATH)")
         if self.atc_flags and "atc_args" in caps.ignores:
             named = ", ".join(_atc_flag_note(a) for a in self.atc_flags)
             notes.append(f"ATC options the built-in lowering has no counterpart for, ignored: {named}")

@@ -321,3 +321,12 @@ def test_small_channel_conv_without_c04_column_falls_back_to_nc1hwc0(tmp_path, n
     conv = {"Conv2D": {"input0": _col("x", "float16", "NC1HWC0"), "input1": _col("filter", "float16", "FRACTAL_Z")}}
     p = plan(model, soc="Ascend310P3", enable_small_channel=True, op_info=_opp(tmp_path, ops=conv))
     assert p.node_formats["conv"].input_formats[0] == "NC1HWC0" and p.weights[0].format == "FRACTAL_Z"
+
+
+def test_atc_backend_notes_that_it_ignores_op_info():
+    from npu_deploy.converters.lowering.options import ConvertOptions
+
+    notes = ConvertOptions(backend="atc", op_info="/opt/opp").for_backend("atc", "requested")
+    assert notes == ["--op-info applies to the built-in lowering; ATC reads the op info of its own CANN install "
+                     "($ASCEND_OPP_PATH)"]
+    assert ConvertOptions(backend="builtin", op_info="/opt/opp").for_backend("builtin", "requested") == []
