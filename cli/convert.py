@@ -17,7 +17,7 @@ import click
 from npu_deploy._text import printable
 from npu_deploy.cli.feedback import Stages, early, interactive
 from npu_deploy.cli.options import (HabitCommand, flag_from_01, input_shape_option, parse_input_shapes, parse_int_list,
-                                    precision_mode_option, refuse_overwriting, soc_option)
+                                    op_info_option, precision_mode_option, refuse_overwriting, soc_option)
 from npu_deploy.converters.lowering.options import ALL_INPUT_FORMATS, BACKENDS
 from npu_deploy.converters.lowering.preflight import needs_preflight
 from npu_deploy.errors import InputError, NpuDeployError
@@ -95,6 +95,7 @@ def _dims(text: str | None) -> list[tuple[int, ...]] | None:
                    "(one a line).")
 @click.option("--enable-small-channel", is_flag=True,
               help="NC1HWC0_C04 for a first conv with <= 4 channels (ATC: --enable_small_channel=1).")
+@op_info_option
 @click.option("--out_nodes", "out_nodes", default=None, metavar='"node:0;out2"',
               help="Cut the graph at these outputs (ATC --out_nodes; both backends).")
 @click.option("--output_type", "output_type", default=None, metavar='FP16|"node:0:FP16"',
@@ -122,7 +123,7 @@ def _dims(text: str | None) -> list[tuple[int, ...]] | None:
 @click.option("--quiet", "-q", is_flag=True, help="Print only the verdict line.")
 def command(model, model_opt, framework, output, backend, soc, input_shape, input_shape_range, input_format,
             dynamic_batch,
-            dynamic_dims, precision_mode, keep_dtype, enable_small_channel, out_nodes, output_type,
+            dynamic_dims, precision_mode, keep_dtype, enable_small_channel, op_info, out_nodes, output_type,
             op_select_implmode, atc_log, atc_args, atc_path, insert_op_conf, timeout, report, explain,
             calibration_inputs, no_preflight, quiet):
     """Lower MODEL.onnx for an Ascend NPU: ATC .om, or the built-in offline bundle.
@@ -159,7 +160,7 @@ def command(model, model_opt, framework, output, backend, soc, input_shape, inpu
             enable_small_channel=enable_small_channel, atc_args=tuple(atc_args), atc_flags=tuple(atc_only),
             out_nodes=out_nodes, output_type=output_type, atc_log=atc_log, timeout=timeout, report=report,
             progress=progress, atc=atc_path, insert_op_conf=insert_op_conf,
-            shape_ranges=_shape_ranges(input_shape_range))
+            shape_ranges=_shape_ranges(input_shape_range), op_info=op_info)
     for note in result.notes:
         click.echo(f"npu-deploy: warning: {note}", err=True)
     if not quiet:

@@ -11,7 +11,8 @@ from __future__ import annotations
 import click
 
 from npu_deploy._text import printable
-from npu_deploy.cli.options import apply, input_shape_option, parse_input_shapes, soc_option, tolerance_options
+from npu_deploy.cli.options import (apply, input_shape_option, op_info_option, parse_input_shapes, soc_option,
+                                    tolerance_options)
 from npu_deploy.errors import InputError
 
 
@@ -32,6 +33,7 @@ def _names(text: str | None) -> list[str] | None:
               help="Verification inputs (.npz, one array per model input). Default: generated in realistic ranges.")
 @input_shape_option()
 @soc_option
+@op_info_option
 @apply(tolerance_options)
 @click.option("--keep-if-faster", is_flag=True,
               help="Keep only rewrites the built-in cost model estimates as faster (and, with --measure atc, "
@@ -50,7 +52,7 @@ def _names(text: str | None) -> list[str] | None:
               help="Timed runs per model for --measure atc, after one warm-up (default 20).")
 @click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True)
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None, help="Write the report as JSON.")
-def command(model, output, list_rules, rules, skip, explain, inputs, input_shape, soc, atol, rtol, keep_if_faster,
+def command(model, output, list_rules, rules, skip, explain, inputs, input_shape, soc, op_info, atol, rtol, keep_if_faster,
             keep_all, measure, atc_path, runs, seed, json_path):
     """Rewrite MODEL.onnx so it runs well on Ascend; every rewrite is checked on onnxruntime and measured.
 
@@ -85,7 +87,7 @@ def command(model, output, list_rules, rules, skip, explain, inputs, input_shape
     res = optimize(model, output, rules=_names(rules), skip=_names(skip), inputs=inputs,
                    input_shapes=parse_input_shapes(input_shape), soc=soc, atol=atol, rtol=rtol,
                    keep_if_faster=keep_if_faster, seed=seed, report=json_path, device_timer=timer,
-                   keep_all=keep_all)
+                   keep_all=keep_all, op_info=op_info)
     click.echo(printable(f"optimize {model} -> {output} ({res.soc})"))
     for a in res.applications:
         if a.status == "not applicable" and not explain:

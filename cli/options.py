@@ -106,6 +106,14 @@ def soc_option_with(note: str = "Target SoC (ATC: --soc_version; default Ascend3
 soc_option = soc_option_with()
 
 
+# --op-info: the installed op info the built-in planner reads (convert, optimize)
+op_info_option = click.option(
+    "--op-info", "op_info", default=None, metavar="DIR",
+    help="A CANN opp folder (or its op_impl/ai_core/tbe/config folder): its aic-<soc>-ops-info.json columns "
+         "narrow the formats the built-in planner gives each op. Default: $ASCEND_OPP_PATH when set, else "
+         "the built-in op table.")
+
+
 def precision_mode_option(note: str):
     """The one ``--precision-mode`` option (ATC's ``--precision_mode`` accepted, ATC's mode names)."""
     return click.option("--precision-mode", "--precision_mode", "precision_mode",

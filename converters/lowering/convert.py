@@ -119,7 +119,8 @@ def convert(model: str | os.PathLike, output: str | os.PathLike | None = None, *
             atc: str | os.PathLike | None = None,
             insert_op_conf: str | os.PathLike | None = None, out_nodes: str | None = None,
             output_type: str | None = None, atc_flags: Sequence[str] = (),
-            atc_log: str | None = None, shape_ranges: Mapping[str, Sequence[Any]] | None = None) -> ConvertResult:
+            atc_log: str | None = None, shape_ranges: Mapping[str, Sequence[Any]] | None = None,
+            op_info: str | os.PathLike | None = None) -> ConvertResult:
     """Convert an ONNX model for an Ascend SoC; return a :class:`ConvertResult`.
 
     ``output`` defaults to the model path with ``.bundle`` (built-in) or ``.om`` (ATC); for the bundle
@@ -133,7 +134,9 @@ def convert(model: str | os.PathLike, output: str | os.PathLike | None = None, *
     uint8 NHWC image) and records it in the manifest's ``aipp`` key. ``out_nodes`` / ``output_type``:
     ATC's ``--out_nodes`` / ``--output_type``, honoured by both backends. ``atc_flags``: ATC options
     given in ATC's spelling with no built-in counterpart (passed to ATC; the built-in lowering notes
-    them). ``atc_log``: ATC's ``--log`` level (default ``error``).
+    them). ``atc_log``: ATC's ``--log`` level (default ``error``). ``op_info``: a CANN opp folder whose
+    installed op info narrows the built-in planner's formats (default ``$ASCEND_OPP_PATH`` when set;
+    :mod:`npu_deploy.converters.lowering.opinfo`).
     """
     options = ConvertOptions(backend=backend, soc=soc, input_shapes=input_shapes, input_format=input_format,
                              dynamic_batch=dynamic_batch, dynamic_dims=dynamic_dims, precision_mode=precision_mode,
@@ -141,7 +144,8 @@ def convert(model: str | os.PathLike, output: str | os.PathLike | None = None, *
                              atc_args=tuple(atc_args or ()), atc_flags=tuple(atc_flags or ()),
                              out_nodes=out_nodes, output_type=output_type, atc_log=atc_log, timeout=timeout,
                              insert_op_conf=None if insert_op_conf is None else str(insert_op_conf),
-                             atc=None if atc is None else str(atc), shape_ranges=shape_ranges)
+                             atc=None if atc is None else str(atc), shape_ranges=shape_ranges,
+                             op_info=None if op_info is None else str(op_info))
     with _io.outputs():  # a failure after the bundle/.om is written (e.g. the report) removes it again
         return _convert(Path(model), output, options, report=report, progress=progress)
 

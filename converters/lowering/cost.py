@@ -87,6 +87,7 @@ from npu_deploy._result import Result
 from npu_deploy.converters.files.feeds import InputSpec, generate_inputs
 from npu_deploy.errors import InputError, ModelError
 from npu_deploy.converters.lowering import support
+from npu_deploy.converters.lowering import ops
 from npu_deploy.converters.lowering.ops import soc_family
 
 FORMATTRANS_THRESHOLD_PCT = _thresholds.FORMATTRANS_THRESHOLD_PCT
@@ -539,9 +540,7 @@ class OpWork:
         return self.bytes_in + self.bytes_out
 
 
-VIEW_OPS = frozenset({
-    "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Shape", "Size", "Constant",
-    "ConstantOfShape", "Dropout", "Optional", "OptionalGetElement"})
+VIEW_OPS = ops.FREE_OPS   # the op table's cost class "free": no kernel time
 
 # Per-output-element operation counts for elementwise ops (transcendentals cost a few vector
 # instructions each: assumption).

@@ -9,7 +9,16 @@ What is here (each fact with the GE/FE file it comes from; ``docs/ge-rules.md`` 
   (``Intrinsic_fix_pipe_l0c2out``: BatchMatMulV2 then offers ND columns), and the C0 a float32 cube op
   stores ("cube high precision", 8 on 910B: 32-byte blocks of float32).
 * :data:`CANN_OPS`: the CANN op type ATC's ONNX parser maps an ONNX op to (reference §7), the names a real
-  ``.om`` shows.
+  ``.om`` shows; :data:`CANN_OPS_3D` for 5-D operands; :data:`PARSER_PRIMARY` the main op of a parser
+  plugin's ``PartitionedCall`` subgraph (what the op-support data names).
+* The op classes every layer reads (nothing else in the package lists ONNX op types; the test
+  ``tests/converters/lowering/test_op_table.py`` greps for lists elsewhere): :data:`VIEW_OPS`,
+  :data:`FREE_OPS` (cost class "free"), :data:`UNARY_ELEMENTWISE` / :data:`BINARY_ELEMENTWISE` /
+  :data:`ELEMENTWISE` (fusion and permutation classes), :data:`FORMAT_AGNOSTIC` (the planner's "follow"
+  kind), :data:`CUBE_OPS` / :data:`CUBE_C0_OPS`, :data:`MIX_PRECISION_FP32_OPS`.
+* On a CANN host the installed op info (``converters/lowering/opinfo.py``) narrows the planner's per-SoC
+  format columns; :func:`npu_deploy.converters.lowering.support.op_row` shows one op's full row (opsets,
+  CANN op, engine per dtype, classes).
 
 >>> soc_family("Ascend910B3"), soc_family("Ascend310P3"), soc_family("Ascend310B4")
 ('Ascend910B', 'Ascend310P', 'Ascend310B')
@@ -78,6 +87,10 @@ FP16_MODES = ("force_fp16", "allow_fp32_to_fp16", "allow_mix_precision")
 # ONNX ops that only re-view their input's data (no kernel of their own on the device; ATC folds them
 # into a neighbouring TransData or drops them).
 VIEW_OPS = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity"})
+# Cost class "free": no kernel time in the estimate — the views, ops GE answers from shapes or folds at
+# compile time (Shape, Size, Constant, ConstantOfShape), inference Dropout, and the Optional wrappers.
+FREE_OPS = VIEW_OPS | frozenset({"Shape", "Size", "Constant", "ConstantOfShape", "Dropout", "Optional",
+                                 "OptionalGetElement"})
 
 # Elementwise ops by their fusion class: the vector unit runs them on any layout, element by element
 # (their attributes name no axis), and ATC fuses them into their producer (``fusion.fused_tensors``).
@@ -87,6 +100,14 @@ UNARY_ELEMENTWISE = frozenset({
     "Sign", "Gelu", "Mish", "Identity", "Clip", "ThresholdedRelu", "Sin", "Cos",
 })
 BINARY_ELEMENTWISE = frozenset({"Add", "Sub", "Mul", "Div", "Max", "Min", "Pow", "PRelu", "Sum"})
+# Every op computing each output element from the elements at the same (broadcast) index of its inputs,
+# with no axis attribute: a layout permutation passes through it unchanged (``optimize``'s
+# sink-transpose), and a 3-D region of them can be widened to 4-D (conv1d-to-conv2d). The fusion classes
+# plus comparisons, logic, Cast, Mod, Where and Mean.
+ELEMENTWISE = UNARY_ELEMENTWISE | BINARY_ELEMENTWISE | frozenset({
+    "Cast", "Not", "IsNaN", "IsInf", "Equal", "Greater", "Less", "GreaterOrEqual", "LessOrEqual", "And",
+    "Or", "Xor", "Mod", "Where", "Mean",
+})
 # Format behaviour "follow" (FE's format-agnostic and broadcast ops): they run in their producer's
 # format; FRACTAL_NZ when the other operands are (M, N), (1, N) or scalar (the planner's broadcast check).
 FORMAT_AGNOSTIC = frozenset({
@@ -97,8 +118,26 @@ FORMAT_AGNOSTIC = frozenset({
     "GreaterOrEqual", "And", "Or", "Xor", "Not", "IsNaN", "IsInf", "Shrink", "Trilu",
 })
 
+# Per ONNX op that computes on integer data: the input positions that carry data (None: every input);
+# the others are shapes, axes or indices. ``optimize``'s narrow-int64 narrows the data inputs to int32.
+INT_DATA_INPUTS: dict[str, tuple[int, ...] | None] = {
+    "Add": (0, 1), "Sub": (0, 1), "Mul": (0, 1), "Div": (0, 1), "Abs": (0,), "Neg": (0,), "Relu": (0,),
+    "Max": None, "Min": None, "Concat": None, "ReduceSum": (0,), "Slice": (0,), "Transpose": (0,),
+    "Squeeze": (0,), "Unsqueeze": (0,), "Reshape": (0,), "Gather": (0,), "Expand": (0,), "Tile": (0,),
+    "Flatten": (0,), "Identity": (0,), "Where": (1, 2)}
+
 # ONNX ops the cube unit runs (their NC1HWC0 / FRACTAL_Z / FRACTAL_NZ operands follow :func:`cube_c0`)
 CUBE_C0_OPS = frozenset({"Conv", "ConvTranspose", "MatMul", "Gemm"})
+# Cube-unit ops for precision: the 310P cube has no float32 path, so allow_fp32_to_fp16 runs them in
+# float16 (the recurrent ops' gate MatMuls too; their storage C0 is not modelled, hence not CUBE_C0_OPS).
+CUBE_OPS = CUBE_C0_OPS | frozenset({"LSTM", "GRU", "RNN"})
+# Ops kept in float32 under allow_mix_precision (numerically sensitive: reductions, exponentials,
+# normalisations). npu-deploy's list, modelled on the "black list" idea of CANN's mixed precision.
+MIX_PRECISION_FP32_OPS = frozenset({
+    "Softmax", "LogSoftmax", "LayerNormalization", "ReduceMean", "ReduceSum", "ReduceSumSquare",
+    "ReduceL2", "ReduceLogSumExp", "Exp", "Log", "Pow", "Sqrt", "Erf", "InstanceNormalization",
+    "GroupNormalization", "BatchNormalization", "Div", "Reciprocal", "CumSum",
+})
 
 
 def cube_c0(soc: str, dtype) -> int:
@@ -123,6 +162,81 @@ CANN_OPS = {
 }
 
 
-def cann_op(onnx_op: str) -> str:
-    """The CANN op type for an ONNX op (the ONNX name when the parser keeps it)."""
+# 5-D operands (Conv3d and friends): the parser plugin's 3-D op, which runs in NDC1HWC0
+CANN_OPS_3D = {"Conv": "Conv3D", "ConvTranspose": "Conv3DTranspose", "MaxPool": "MaxPool3D",
+               "AveragePool": "AvgPool3D"}
+# NC1HWC0 ops that also take a 3-D (N, C, L) input in NC1HWC0 (the parser unsqueezes it to N, C, 1, L)
+NC1HWC0_RANK3_OPS = frozenset({"Conv", "MaxPool", "AveragePool", "BatchNormalization", "GlobalAveragePool",
+                               "GlobalMaxPool"})
+# Ops whose output differs run to run: never constant-folded
+RANDOM_OPS = frozenset({"RandomNormal", "RandomNormalLike", "RandomUniform", "RandomUniformLike", "Multinomial",
+                        "Bernoulli"})
+
+# The main op of a parser plugin's PartitionedCall subgraph, where it is not found by name (the others
+# reshape, cast or scale: :data:`SUBGRAPH_HELPER_OPS`); the op-support data (``support.py``) names these,
+# the parser's own spellings (``Conv2DTranspose``, ``Resize``: :data:`CANN_OPS` has what a real .om shows).
+PARSER_PRIMARY = {"Gemm": "MatMulV2", "Conv": "Conv2D", "ConvTranspose": "Conv2DTranspose",
+                  "MaxPool": "MaxPoolV3", "AveragePool": "AvgPoolV2", "LayerNormalization": "LayerNorm",
+                  "Resize": "Resize", "LpPool": "AvgPoolV2", "Split": "SplitV", "Max": "Maximum",
+                  "Min": "Minimum", "Clip": "ClipByValue", "MaxUnpool": "ScatterElements", "Mean": "AccumulateNV2"}
+# CANN ops in PartitionedCall subgraphs that reshape, cast or scale around the op doing the work.
+SUBGRAPH_HELPER_OPS = frozenset({
+    "Cast", "Shape", "Squeeze", "Unsqueeze", "ExpandDims", "Muls", "Adds", "Add", "Mul", "Concat", "Split",
+    "Slice", "Reshape", "TransposeD", "PadV2", "BroadcastTo", "ZerosLike", "Empty", "Mod", "Sub",
+    "StridedSlice", "Div", "Log", "Power", "Abs", "Rsqrt", "Transpose", "Const", "Identity"})
+# CANN ops without AI Core op-info that a GE fusion pass rewrites to an AI Core op
+# (onnx-op-support.md §5.3). Value: (AI Core op, input positions that must be constant; () = always).
+FUSION_TO_AICORE: dict[str, tuple[str, tuple[int, ...]]] = {
+    "GlobalAveragePool": ("ReduceMeanD", ()),
+    "CommonLSTM": ("DynamicRNN", ()),
+    "CommonGRU": ("DynamicGRUV2", ()),
+    "HardMax": ("HardMax", ()),
+    "NonMaxSuppressionV6": ("NonMaxSuppressionV7", ()),
+    "Conv2DTranspose": ("Conv2DTranspose", ()),  # NC1HWC0/FRACTAL_Z kernel listed in 310P op-info (§5.4)
+    "TopK": ("TopKD", (1,)),
+    "Range": ("RangeD", (0, 1, 2)),
+    "Cumsum": ("CumsumD", (1,)),
+    "StridedSliceV2": ("StridedSliceV3", (1, 2, 3, 4)),
+    "Expand": ("ExpandD", (1,)),
+}
+
+
+def cost_class(onnx_op: str) -> str:
+    """The cost class of an ONNX op: ``free`` (:data:`FREE_OPS`: no kernel time), ``cube``
+    (:data:`CUBE_OPS`: priced by the cube's MACs), ``elementwise`` (:data:`ELEMENTWISE`: priced per output
+    element), else ``kernel`` (reductions, data movement and the rest: ``cost.py`` prices each by its own
+    formula).
+
+    >>> [cost_class(o) for o in ("Reshape", "MatMul", "Sigmoid", "Softmax")]
+    ['free', 'cube', 'elementwise', 'kernel']
+    """
+    if onnx_op in FREE_OPS:
+        return "free"
+    if onnx_op in CUBE_OPS:
+        return "cube"
+    return "elementwise" if onnx_op in ELEMENTWISE else "kernel"
+
+
+def fusion_class(onnx_op: str) -> str | None:
+    """``unary`` / ``binary`` (fused into their producer, ``fusion.fused_tensors``), else None."""
+    if onnx_op in UNARY_ELEMENTWISE:
+        return "unary"
+    return "binary" if onnx_op in BINARY_ELEMENTWISE else None
+
+
+def cann_op(onnx_op: str, rank: int | None = None) -> str:
+    """The CANN op type for an ONNX op (the ONNX name when the parser keeps it); ``rank`` 5 gives the
+    3-D op (``Conv`` -> ``Conv3D``).
+
+    >>> cann_op("Conv"), cann_op("Conv", 5), cann_op("Relu"), cann_op("Einsum")
+    ('Conv2D', 'Conv3D', 'Relu', 'Einsum')
+    """
+    if rank == 5 and onnx_op in CANN_OPS_3D:
+        return CANN_OPS_3D[onnx_op]
     return CANN_OPS.get(onnx_op, onnx_op)
+
+
+def parser_op(onnx_op: str) -> str:
+    """The parser plugin's name for the op doing an ONNX op's work (:data:`PARSER_PRIMARY`, else the
+    :func:`cann_op` name)."""
+    return PARSER_PRIMARY.get(onnx_op, cann_op(onnx_op))

@@ -88,6 +88,9 @@ class ConvertOptions:
     #: a SoC profile JSON given as ``soc`` (``npu-deploy cost fit -o my.json``): the estimate uses it,
     #: the planning (and ATC) its ``base`` SoC
     cost_profile: Any = None
+    #: the installed op info to plan with (``--op-info DIR``: an opp folder, its ``config`` folder or a
+    #: ``<soc>`` folder; None: ``$ASCEND_OPP_PATH`` when set, else the built-in op table; ``opinfo.resolve``)
+    op_info: Any = None   # a path, or an opinfo.OpInfo already read (optimize reads it once)
 
     def __post_init__(self) -> None:
         _split_ranges(self)
@@ -145,6 +148,9 @@ class ConvertOptions:
             one = len(ignored) == 1
             notes.append(f"{names} only appl{'ies' if one else 'y'} to the ATC backend; the built-in lowering "
                          f"ran and ignored {'it' if one else 'them'}")
+        if backend == "atc" and self.op_info is not None:
+            notes.append("--op-info applies to the built-in lowering; ATC reads the op info of its own CANN "
+                         "install ($ASCEND_OPP_PATH)")
         if self.atc_flags and "atc_args" in caps.ignores:
             named = ", ".join(_atc_flag_note(a) for a in self.atc_flags)
             notes.append(f"ATC options the built-in lowering has no counterpart for, ignored: {named}")

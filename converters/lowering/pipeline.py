@@ -81,7 +81,7 @@ def _plan(ctx: Lowering) -> None:
     o = ctx.options
     ctx.plan = plan(ctx.loaded, soc=o.soc, precision_mode=o.precision, keep_dtype=o.keep_dtype,
                     enable_small_channel=o.enable_small_channel, input_format=o.input_format,
-                    support=ctx.support, cost_profile=o.cost_profile)
+                    support=ctx.support, cost_profile=o.cost_profile, op_info=o.op_info)
 
 
 def _check_plan(ctx: Lowering) -> None:

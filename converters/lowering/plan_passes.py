@@ -13,7 +13,7 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from npu_deploy.converters.lowering import ops
+from npu_deploy.converters.lowering import opinfo, ops
 from npu_deploy.converters.lowering.contracts import Step, run_steps
 from npu_deploy.converters.lowering.plan_state import (C04, CUBE_OPS, HOST_LAYOUTS, MIX_PRECISION_FP32_OPS,
                                                        NC1HWC0, ND, NDC1HWC0, NZ, PRIVATE_5HD, NodeFormats,
@@ -81,10 +81,9 @@ class AssignPreferredFormats(Pass):
                 why = "constant-folded at compile time"
                 fixed = True
             elif kind == "5hd":
-                if r == 4 or (r == 3 and n.node.op_type in ("Conv", "MaxPool", "AveragePool", "BatchNormalization",
-                                                            "GlobalAveragePool", "GlobalMaxPool")):
+                if r == 4 or (r == 3 and n.node.op_type in ops.NC1HWC0_RANK3_OPS):
                     fmt, fixed = NC1HWC0, True
-                elif r == 5 and n.node.op_type in ("Conv", "ConvTranspose", "MaxPool", "AveragePool"):
+                elif r == 5 and n.node.op_type in ops.CANN_OPS_3D:
                     fmt, why, fixed = NDC1HWC0, n.rule.note.replace("NC1HWC0", "NDC1HWC0"), True
                 else:
                     why = f"{n.node.op_type} on a rank-{r} tensor runs in ND"
@@ -107,6 +106,9 @@ class AssignPreferredFormats(Pass):
                     why = f"{n.node.op_type} with a 1-D operand runs in ND"
             else:
                 fixed = kind == "nd"
+            if not is_plain(fmt) and (no := opinfo.excluded(state.op_info, n.node.op_type, r, n.dtype, fmt)):
+                fmt, why, fixed = opinfo.fallback(state.op_info, n.node.op_type, r, n.dtype, fmt), no, True
+                n.c0_weight = n.c0_weight and fmt == C04
             n.fmt, n.why, n.fixed, n.first = fmt, why, fixed, fmt
         return True
 
@@ -118,15 +120,17 @@ def _matmul_pick(state: PlanState, n: _Node) -> tuple[str, str, bool]:
     default strategy keeps the origin format ND, which BatchMatMulV2 offers on fix-pipe SoCs or when
     m, k, n are multiples of 16 (``batch_matmul_v2.py`` op_select_format)."""
     cann = ops.cann_op(n.node.op_type)
-    if ops.matmul_is_heavy(state.soc):
-        return NZ, (f"{cann} is a heavy op on {ops.soc_family(state.soc) or state.soc} (FE op info heavyOp; "
+    installed = opinfo.heavy(state.op_info, n.node.op_type)
+    src = "FE op info" if installed is None else "installed op info"
+    if ops.matmul_is_heavy(state.soc) if installed is None else installed:
+        return NZ, (f"{cann} is a heavy op on {ops.soc_family(state.soc) or state.soc} ({src} heavyOp; "
                     f"format mode keeps FRACTAL_NZ): the cube reads 16x16 FRACTAL_NZ fractals"), True
     t = ops.traits(state.soc)
     a, b = state.shapes.get(n.node.input[0], ()), state.shapes.get(n.node.input[1], ())
     aligned = len(a) >= 2 and len(b) >= 2 and all(d > 0 and d % 16 == 0 for d in (a[-2], a[-1], b[-1]))
     if t.fix_pipe or aligned:
         why = "the fix-pipe offers ND columns" if t.fix_pipe else "m, k, n are multiples of 16"
-        return ND, (f"{cann} is not a heavy op on {ops.soc_family(state.soc)} (FE op info) and {why}: "
+        return ND, (f"{cann} is not a heavy op on {ops.soc_family(state.soc)} ({src}) and {why}: "
                     f"the default strategy keeps the origin format ND"), False
     return NZ, f"{cann} on {state.soc}: FRACTAL_NZ only (no ND column for these sizes)", True
 
@@ -164,6 +168,9 @@ def check_format(state: PlanState, n: _Node, fmt: str) -> str | None:
         return f"{n.node.op_type} runs in the graph's layout, not the host layout {fmt}"
     if is_plain(fmt):
         return None
+    if (no := opinfo.excluded(state.op_info, n.node.op_type, state.rank(n.node.input[0]) if n.node.input else 0,
+                              n.dtype, fmt)):
+        return no
     if n.fixed:
         return f"{n.node.op_type} {n.node.name} must run in {n.fmt} ({n.why})"
     kind = n.rule.kind
@@ -853,7 +860,7 @@ def plan_bodies(state: PlanState, support, prefix: str = "") -> None:
             sub = PlanState(_BodyModel(state.loaded, body, [t for t in outer if t not in outer_const]),
                             _support_below(support, sub_prefix), precision_mode=state.precision_mode,
                             keep_dtype=(), enable_small_channel=False, input_format=None,
-                            outer_const=outer_const, soc=state.soc)
+                            outer_const=outer_const, soc=state.soc, op_info=state.op_info)
             # the boundary: an outer tensor enters the body as it is stored outside (no conversion at
             # the owner); a body op that wants another format gets its TransData inside the body
             for t in outer:

@@ -34,15 +34,10 @@ INPUT_FORMAT_RANKS: dict[str, int | None] = {"NCHW": 4, "NHWC": 4, "NCDHW": 5, "
 PRECISION_MODES = ops.PRECISION_MODES
 FORMATTRANS_THRESHOLD_PCT = _thresholds.FORMATTRANS_THRESHOLD_PCT
 
-# Ops kept in float32 under allow_mix_precision (numerically sensitive: reductions, exponentials,
-# normalisations). npu-deploy's list, modelled on the "black list" idea of CANN's mixed precision.
-MIX_PRECISION_FP32_OPS = frozenset({
-    "Softmax", "LogSoftmax", "LayerNormalization", "ReduceMean", "ReduceSum", "ReduceSumSquare",
-    "ReduceL2", "ReduceLogSumExp", "Exp", "Log", "Pow", "Sqrt", "Erf", "InstanceNormalization",
-    "GroupNormalization", "BatchNormalization", "Div", "Reciprocal", "CumSum",
-})
-# Cube-unit ops: the 310P cube has no float32 path, so allow_fp32_to_fp16 runs them in float16.
-CUBE_OPS = frozenset({"Conv", "ConvTranspose", "MatMul", "Gemm", "LSTM", "GRU", "RNN"})
+# Ops kept in float32 under allow_mix_precision, and the cube-unit ops (no float32 path on the 310P
+# cube): the op table's (ops.py)
+MIX_PRECISION_FP32_OPS = ops.MIX_PRECISION_FP32_OPS
+CUBE_OPS = ops.CUBE_OPS
 
 
 # ------------------------------------------------------------------------------------------------
@@ -281,8 +276,9 @@ class PlanState:
 
     def __init__(self, loaded, support, *, precision_mode: str, keep_dtype: Sequence[str],
                  enable_small_channel: bool, input_format: str | None, outer_const: Iterable[str] = (),
-                 soc: str = "Ascend310P3"):
+                 soc: str = "Ascend310P3", op_info=None):
         self.loaded = loaded
+        self.op_info = op_info  # the installed op info (opinfo.OpInfo) or None: the built-in table alone
         self.graph = loaded.model.graph
         self.shapes: dict[str, tuple[int, ...]] = dict(loaded.shapes)
         self.dtypes: dict[str, np.dtype] = {k: np.dtype(v) for k, v in loaded.dtypes.items()}

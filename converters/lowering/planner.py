@@ -80,7 +80,7 @@ import numpy as np
 import onnx
 
 from npu_deploy.converters.formats.graph import axis_perm
-from npu_deploy.converters.lowering import fusion, ops
+from npu_deploy.converters.lowering import fusion, opinfo, ops
 # the planner's parts; their public names are re-exported here (importers use planner.X)
 from npu_deploy.converters.lowering.plan_passes import (  # noqa: F401
     CANCEL_RULES, PIPELINE, AssignPreferredFormats, Body, CancelRoundTrips, CancelRule, HeadPair, Pass,
@@ -100,13 +100,15 @@ from npu_deploy.converters.lowering.support import check_support
 
 def plan(loaded, *, soc: str = "Ascend310P3", precision_mode: str | None = None,
          keep_dtype: Sequence[str] = (), enable_small_channel: bool = False,
-         input_format: str | None = None, support=None, cost_profile=None) -> Plan:
+         input_format: str | None = None, support=None, cost_profile=None, op_info=None) -> Plan:
     """Plan the built-in lowering of a loaded model (see the module docstring).
 
     ``precision_mode`` defaults to ATC's ``force_fp16``. ``support`` is the op-support report (computed
     when not given). ``cost_profile`` (a :class:`~npu_deploy.converters.lowering.cost.SocProfile`, e.g.
     ``cost fit``'s) prices the estimate instead of ``soc``'s built-in profile. Raises ``InputError`` for a
-    bad precision mode or ``keep_dtype`` entry.
+    bad precision mode or ``keep_dtype`` entry. ``op_info``: the installed op info (an
+    :class:`~npu_deploy.converters.lowering.opinfo.OpInfo`, or the folder ``--op-info`` names); None reads
+    ``$ASCEND_OPP_PATH`` when set, else plans from the built-in table alone (``opinfo.resolve``).
     """
 
     precision_mode = precision_mode or "force_fp16"
@@ -115,8 +117,12 @@ def plan(loaded, *, soc: str = "Ascend310P3", precision_mode: str | None = None,
                          hint=f"use one of: {', '.join(PRECISION_MODES)}")
     if support is None:
         support = check_support(loaded, soc, precision_mode=precision_mode)
+    installed, info_notes = (op_info, [op_info.describe()]) if isinstance(op_info, opinfo.OpInfo) else \
+        opinfo.resolve(op_info, soc)
     state = PlanState(loaded, support, precision_mode=precision_mode, keep_dtype=keep_dtype,
-                      enable_small_channel=enable_small_channel, input_format=input_format, soc=soc)
+                      enable_small_channel=enable_small_channel, input_format=input_format, soc=soc,
+                      op_info=installed)
+    state.notes += info_notes   # the installed op info used (or why none)
     _assign_dtypes(state)
 
     passes: list[tuple[str, bool]] = []

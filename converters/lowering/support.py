@@ -57,31 +57,11 @@ _OPINFO_DTYPE = {"float32": "float", "float64": "double", "float16": "float16", 
 # CANN migration guide: "AI CORE operators do not support int64").
 _DYNAMIC_AICORE = {"float", "float16", "bfloat16", "int32", "int8", "uint8", "bool", "int16"}
 
-# PartitionedCall subgraphs: the CANN op that does the work (the others reshape, cast or scale).
-_HELPER_SUBOPS = {"Cast", "Shape", "Squeeze", "Unsqueeze", "ExpandDims", "Muls", "Adds", "Add", "Mul",
-                  "Concat", "Split", "Slice", "Reshape", "TransposeD", "PadV2", "BroadcastTo", "ZerosLike",
-                  "Empty", "Mod", "Sub", "StridedSlice", "Div", "Log", "Power", "Abs", "Rsqrt", "Transpose",
-                  "Const", "Identity"}
-_PRIMARY = {"Gemm": "MatMulV2", "Conv": "Conv2D", "ConvTranspose": "Conv2DTranspose", "MaxPool": "MaxPoolV3",
-            "AveragePool": "AvgPoolV2", "LayerNormalization": "LayerNorm", "Resize": "Resize",
-            "LpPool": "AvgPoolV2", "Split": "SplitV", "Max": "Maximum", "Min": "Minimum", "Clip": "ClipByValue",
-            "MaxUnpool": "ScatterElements", "Mean": "AccumulateNV2"}
-
-# CANN ops without AI Core op-info that a GE fusion pass rewrites to an AI Core op (reference §5.3).
-# Value: (AI Core op, input positions that must be constant for the rewrite; () = always).
-FUSION_TO_AICORE: dict[str, tuple[str, tuple[int, ...]]] = {
-    "GlobalAveragePool": ("ReduceMeanD", ()),
-    "CommonLSTM": ("DynamicRNN", ()),
-    "CommonGRU": ("DynamicGRUV2", ()),
-    "HardMax": ("HardMax", ()),
-    "NonMaxSuppressionV6": ("NonMaxSuppressionV7", ()),
-    "Conv2DTranspose": ("Conv2DTranspose", ()),  # NC1HWC0/FRACTAL_Z kernel listed in 310P op-info (§5.4)
-    "TopK": ("TopKD", (1,)),
-    "Range": ("RangeD", (0, 1, 2)),
-    "Cumsum": ("CumsumD", (1,)),
-    "StridedSliceV2": ("StridedSliceV3", (1, 2, 3, 4)),
-    "Expand": ("ExpandD", (1,)),
-}
+# PartitionedCall subgraphs: the op that does the work, the helpers around it, and the CANN ops a GE
+# fusion pass moves to AI Core: facts of the op table (``ops.py``)
+_HELPER_SUBOPS = ops.SUBGRAPH_HELPER_OPS
+_PRIMARY = ops.PARSER_PRIMARY
+FUSION_TO_AICORE = ops.FUSION_TO_AICORE
 
 # the op table's SoC family -> the op-info family in the data (only ascend310p and ascend910 were published)
 _OPINFO_FAMILY = {"Ascend310": "ascend310p", "Ascend310P": "ascend310p", "Ascend310B": "ascend310p",
@@ -290,8 +270,6 @@ def constant_tensors(graph: onnx.GraphProto, static_shapes: Mapping[str, tuple] 
     with a static shape, and outputs of deterministic nodes whose inputs are all such tensors."""
     const = {t.name for t in graph.initializer}
     static_shapes = static_shapes or {}
-    random_ops = {"RandomNormal", "RandomNormalLike", "RandomUniform", "RandomUniformLike", "Multinomial",
-                  "Bernoulli"}
     for n in graph.node:
         ins = [i for i in n.input if i]
         if n.op_type == "Constant":
@@ -299,7 +277,7 @@ def constant_tensors(graph: onnx.GraphProto, static_shapes: Mapping[str, tuple] 
         elif n.op_type in ("Shape", "Size"):
             shape = static_shapes.get(ins[0]) if ins else None
             ok = shape is not None and all(d >= 0 for d in shape)
-        elif n.op_type in random_ops or any(a.type == onnx.AttributeProto.GRAPH for a in n.attribute):
+        elif n.op_type in ops.RANDOM_OPS or any(a.type == onnx.AttributeProto.GRAPH for a in n.attribute):
             ok = False
         else:
             ok = bool(ins) and all(i in const for i in ins)
@@ -402,3 +380,75 @@ def check_support(loaded, soc: str, *, precision_mode: str | None = None) -> Sup
         static.update(loaded.shapes)
     return check_graph(loaded.model.graph, opsets, soc, dtypes=loaded.dtypes, static_shapes=static,
                        precision_mode=precision_mode)
+
+
+@dataclasses.dataclass(frozen=True)
+class OpRow:
+    """One ONNX op's row of the op table on one SoC (:func:`op_row`).
+
+    ``opsets``: the ai.onnx opset ranges ATC's parser registers, each with the CANN op (or
+    ``PartitionedCall``) and its subgraph ops; ``cann_op``: the op doing the work (the name a real
+    ``.om`` shows, :func:`ops.cann_op`); ``engines``: dtype -> (engine, why) on ``soc``; ``formats``:
+    dtype -> the installed op info's input-0 formats (only with ``op_info``; None: not bounded there).
+    """
+
+    op_type: str
+    soc: str
+    opsets: tuple[tuple[int, int, str, tuple[str, ...]], ...]
+    cann_op: str
+    parser_op: str
+    engines: Mapping[str, tuple[str, str]]
+    cost_class: str
+    fusion_class: str | None
+    view: bool
+    format_agnostic: bool
+    cube: bool
+    formats: Mapping[str, frozenset[str] | None] | None = None
+
+    def lines(self) -> list[str]:
+        """The row as text, one fact a line."""
+        regs = "; ".join(f"{lo}-{hi}: {c}" + (f" ({', '.join(sub)})" if c == "PartitionedCall" else "") for lo, hi, c, sub in
+                         self.opsets) or "none (no ATC parser registration)"
+        out = [f"{self.op_type} on {self.soc}", f"  opsets: {regs}", f"  CANN op: {self.cann_op} (parser: "
+               f"{self.parser_op})",
+               "  engine: " + ", ".join(f"{d} {e}" + (f" ({w})" if w else "") for d, (e, w) in self.engines.items()),
+               f"  cost class: {self.cost_class}; fusion class: {self.fusion_class or '-'}; view: {self.view}; "
+               f"format-agnostic: {self.format_agnostic}; cube: {self.cube}"]
+        if self.parser_op in FUSION_TO_AICORE:
+            to, need = FUSION_TO_AICORE[self.parser_op]
+            out.append(f"  GE fusion pass: {self.parser_op} -> {to} on AI Core"
+                       + (f" when inputs {', '.join(map(str, need))} are constant" if need else ""))
+        if self.formats is not None:
+            out.append("  installed op info: " + ", ".join(
+                f"{d} {'/'.join(sorted(f)) if f else 'not bounded'}" for d, f in self.formats.items()))
+        return out
+
+
+def op_row(op_type: str, soc: str = "Ascend310P3", *, opset: int = 17,
+           dtypes: tuple[str, ...] = ("float16", "float32", "int32", "int64"), op_info=None,
+           precision_mode: str | None = None) -> OpRow:
+    """The op table's row for ``op_type`` on ``soc`` (see :class:`OpRow`): the opset registrations, the
+    CANN op at ``opset``, the engine per dtype (the op-info data of :func:`check_graph`), the classes
+    of ``ops.py`` and, with ``op_info`` (an ``opinfo.OpInfo``), the installed format columns.
+
+    >>> r = op_row("TopK", "Ascend310P3")
+    >>> r.opsets[-1][:3], r.engines["float32"][0], r.cost_class
+    ((10, 18, 'TopK'), 'AI CPU', 'kernel')
+    >>> op_row("Relu").fusion_class, op_row("MatMul", "Ascend910B3").cann_op
+    ('unary', 'BatchMatMulV2')
+    """
+    family = soc_family(soc)
+    regs = tuple((int(lo), int(hi), str(c), tuple(sub)) for lo, hi, c, sub in
+                 _data()["registrations"].get("ai.onnx", {}).get(op_type, []))
+    found = _lookup("ai.onnx", opset, op_type)
+    primary = _primary(op_type, *found) if found else ops.cann_op(op_type)
+    fp16 = precision_mode != "must_keep_origin_dtype"
+    engines = {d: (_engine(family, primary, d, fp16) if found else (UNSUPPORTED, f"no parser at opset {opset}"))
+               for d in dtypes}
+    formats = None
+    if op_info is not None:
+        e = next((op_info.entry(n) for n in (ops.cann_op(op_type), primary, op_type) if op_info.entry(n)), None)
+        formats = {d: (e.formats_for(0, d) if e is not None else None) for d in dtypes}
+    return OpRow(op_type, soc, regs, ops.cann_op(op_type), primary, engines, ops.cost_class(op_type),
+                 ops.fusion_class(op_type), op_type in ops.VIEW_OPS, op_type in ops.FORMAT_AGNOSTIC,
+                 op_type in ops.CUBE_OPS, formats)

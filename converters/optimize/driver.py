@@ -15,6 +15,7 @@ from onnx import TensorProto
 
 from npu_deploy import _io
 from npu_deploy.converters.files.onnx_model import name_nodes
+from npu_deploy.converters.lowering import opinfo
 from npu_deploy.converters.lowering.options import DEFAULT_SOC
 from npu_deploy.converters.optimize.graph import Match, Rule, View, apply_change, merge_changes
 from npu_deploy.converters.optimize.measure import (
@@ -47,14 +48,16 @@ def optimize_model(model: onnx.ModelProto, *, rules: Sequence[str] | None = None
                    keep_if_faster: bool = False, seed: int = 0, source: str = "<model>",
                    progress: Callable[[str], None] | None = None,
                    device_timer: DeviceTimer | None = None,
-                   keep_all: bool = False) -> tuple[OptimizeResult, onnx.ModelProto]:
+                   keep_all: bool = False, op_info=None) -> tuple[OptimizeResult, onnx.ModelProto]:
     """Apply the rules to ``model``; return the result and the rewritten model (see the module doc).
 
     What is kept of the verified steps: by default those the cost model does not estimate slower
     (:func:`_worse`; the others are reported as ``worse``), with ``keep_if_faster`` only those it
     estimates faster, with ``keep_all`` every one (``optimize --all``).
     ``device_timer`` (with ``keep_if_faster`` only): also time each step the cost model accepts on
-    the device, e.g. ``AtcAclTimer()`` from :mod:`npu_deploy.runtime.device_time`."""
+    the device, e.g. ``AtcAclTimer()`` from :mod:`npu_deploy.runtime.device_time`. ``op_info``: the
+    installed op info the measuring plans use (``--op-info DIR``; None: ``$ASCEND_OPP_PATH`` if set,
+    :func:`npu_deploy.converters.lowering.opinfo.resolve`)."""
     chosen = select_rules(rules, skip)
     if keep_all and keep_if_faster:
         raise InputError("--all keeps every verified rewrite, --keep-if-faster only the faster ones",
@@ -68,6 +71,7 @@ def optimize_model(model: onnx.ModelProto, *, rules: Sequence[str] | None = None
         if check is not None:
             check()  # ATC or pyACL missing: say so before any rewrite is verified
     soc = soc or DEFAULT_SOC
+    installed = op_info if isinstance(op_info, opinfo.OpInfo) else opinfo.resolve(op_info, soc)[0]
     atol = DEFAULT_ATOL if atol is None else float(atol)
     rtol = DEFAULT_RTOL if rtol is None else float(rtol)
     say = progress or (lambda s: None)
@@ -93,7 +97,7 @@ def optimize_model(model: onnx.ModelProto, *, rules: Sequence[str] | None = None
         work = Path(tmp)
         device = None if device_timer is None else _DeviceTimes(device_timer, work, feeds, shapes, soc, say)
         original = cur
-        before = Measure.of(cur, shapes, soc, work)
+        before = Measure.of(cur, shapes, soc, work, op_info=installed)
         now = before
         for rule in chosen:
             tried: set[str] = set()
@@ -124,7 +128,7 @@ def optimize_model(model: onnx.ModelProto, *, rules: Sequence[str] | None = None
                     continue
                 say(f"{rule.name} at {batch[0].nodes[0]}" + (f" and {len(batch) - 1} more" if len(batch) > 1 else ""))
                 apps, new, new_values, measured = _try(rule, view, batch, cur, feeds, reference, out_names, shapes,
-                                                       soc, work, now, atol, rtol, keep, device)
+                                                       soc, work, now, atol, rtol, keep, device, installed)
                 if new is None and len(batch) > 1:
                     tried -= {m.key for m in batch}
                     single = True
@@ -150,7 +154,7 @@ def optimize_model(model: onnx.ModelProto, *, rules: Sequence[str] | None = None
 
 
 def _try(rule: Rule, view: View, batch: list[Match], cur, feeds, reference, out_names, shapes, soc, work,
-         now: Measure, atol, rtol, keep: str, device: _DeviceTimes | None = None):
+         now: Measure, atol, rtol, keep: str, device: _DeviceTimes | None = None, op_info=None):
     """Apply ``batch`` (matches on disjoint nodes) in one step, verify and measure it. Returns the
     applications, and the new model, values and measure (None when rolled back)."""
     where = batch[0].nodes[0]
@@ -174,7 +178,7 @@ def _try(rule: Rule, view: View, batch: list[Match], cur, feeds, reference, out_
     if bad is not None:
         return failed(f"changes the numbers: {bad}")
     try:
-        measured = Measure.of(new, shapes, soc, work)
+        measured = Measure.of(new, shapes, soc, work, op_info=op_info)
     except NpuDeployError as e:
         return failed(f"the built-in lowering cannot plan it: {e}")
     together = None if len(batch) == 1 else \
@@ -236,7 +240,7 @@ def optimize(model: str | os.PathLike, output: str | os.PathLike, *, rules: Sequ
              atol: float | None = None, rtol: float | None = None, keep_if_faster: bool = False, seed: int = 0,
              report: str | os.PathLike | None = None,
              progress: Callable[[str], None] | None = None,
-             device_timer: DeviceTimer | None = None, keep_all: bool = False) -> OptimizeResult:
+             device_timer: DeviceTimer | None = None, keep_all: bool = False, op_info=None) -> OptimizeResult:
     """Rewrite ``model`` for Ascend into ``output`` (see the module doc); return an :class:`OptimizeResult`.
 
     ``inputs``: an ``.npz`` of verification inputs (else generated in realistic ranges, shapes from
@@ -273,7 +277,7 @@ def optimize(model: str | os.PathLike, output: str | os.PathLike, *, rules: Sequ
         feeds = {k: feeds[k] for k in names}
     res, out = optimize_model(m, rules=rules, skip=skip, feeds=feeds, input_shapes=input_shapes, soc=soc,
                               atol=atol, rtol=rtol, keep_if_faster=keep_if_faster, seed=seed, source=str(src),
-                              progress=progress, device_timer=device_timer, keep_all=keep_all)
+                              progress=progress, device_timer=device_timer, keep_all=keep_all, op_info=op_info)
     res.output = str(output)
     with _io.outputs():
         with _io.atomic_path(output) as tmp:

@@ -12,10 +12,11 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-_UNARY_ELEMENTWISE = {"Relu", "Sigmoid", "Tanh", "Sqrt", "Abs", "Exp", "Neg", "LeakyRelu", "HardSigmoid",
-                      "Elu", "Softplus", "Erf", "Log", "Reciprocal", "HardSwish", "Identity", "Selu",
-                      "Floor", "Ceil", "Round", "Sign", "Sin", "Cos"}
-_BINARY_ELEMENTWISE = {"Add", "Sub", "Mul", "Div", "Pow", "Max", "Min"}
+from npu_deploy.converters.lowering import ops
+
+# the op table's elementwise classes (converters/lowering/ops.py)
+_UNARY_ELEMENTWISE = ops.UNARY_ELEMENTWISE
+_BINARY_ELEMENTWISE = ops.BINARY_ELEMENTWISE
 
 
 

@@ -32,10 +32,12 @@ class Measure:
     est_us: float | None
 
     @staticmethod
-    def of(model: onnx.ModelProto, shapes: Mapping[str, Sequence[int]], soc: str, workdir: Path) -> "Measure":
+    def of(model: onnx.ModelProto, shapes: Mapping[str, Sequence[int]], soc: str, workdir: Path,
+           op_info=None) -> "Measure":
         path = workdir / "candidate.onnx"
         onnx.save(model, path)
-        plan = pipeline.lower(path, None, ConvertOptions(backend="builtin", soc=soc, input_shapes=dict(shapes)),
+        plan = pipeline.lower(path, None, ConvertOptions(backend="builtin", soc=soc, input_shapes=dict(shapes),
+                                                         op_info=op_info),
                               until="plan from ONNX").plan
         r = plan.report
         cost = r.cost or {}

@@ -19,7 +19,8 @@ from npu_deploy.converters.optimize.graph import (
     attr,
 )
 
-_REGION_OPS = _UNARY_ELEMENTWISE | _BINARY_ELEMENTWISE | {"Conv", "Slice", "BatchNormalization", "Clip"}
+# the op table's elementwise classes, and the ops this rule rewrites with code of its own
+_REGION_OPS = _UNARY_ELEMENTWISE | _BINARY_ELEMENTWISE | {"Conv", "Slice", "BatchNormalization"}
 
 
 def _region_member(v: View, n: onnx.NodeProto) -> bool:

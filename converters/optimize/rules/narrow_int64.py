@@ -8,14 +8,12 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
+from npu_deploy.converters.lowering import ops
 from npu_deploy.converters.optimize.graph import Change, Match, Rule, View
 
-# op -> input positions that carry data (narrowed); the rest (shapes, axes, indices) stay int64
-_INT_DATA_OPS = {"Add": (0, 1), "Sub": (0, 1), "Mul": (0, 1), "Div": (0, 1), "Abs": (0,), "Neg": (0,),
-                 "Relu": (0,), "Max": None, "Min": None, "Concat": None, "ReduceSum": (0,),
-                 "Slice": (0,), "Transpose": (0,), "Squeeze": (0,), "Unsqueeze": (0,), "Reshape": (0,),
-                 "Gather": (0,), "Expand": (0,), "Tile": (0,), "Flatten": (0,), "Identity": (0,),
-                 "Where": (1, 2)}
+# op -> input positions that carry data (narrowed); the rest (shapes, axes, indices) stay int64: the
+# op table's column (ops.INT_DATA_INPUTS)
+_INT_DATA_OPS = ops.INT_DATA_INPUTS
 _INT32 = np.iinfo(np.int32)
 
 

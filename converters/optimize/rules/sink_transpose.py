@@ -19,9 +19,8 @@ from __future__ import annotations
 import numpy as np
 from onnx import helper
 
+from npu_deploy.converters.lowering import ops
 from npu_deploy.converters.optimize.graph import (
-    _BINARY_ELEMENTWISE,
-    _UNARY_ELEMENTWISE,
     Change,
     Match,
     Rule,
@@ -31,9 +30,7 @@ from npu_deploy.converters.optimize.graph import (
 
 # ops that compute each output element from the elements at the same (broadcast) index of their inputs,
 # with no axis attribute: the permutation passes through them unchanged
-_AGNOSTIC = _UNARY_ELEMENTWISE | _BINARY_ELEMENTWISE | {
-    "Cast", "Not", "IsNaN", "IsInf", "PRelu", "Equal", "Greater", "Less", "GreaterOrEqual", "LessOrEqual", "And",
-    "Or", "Xor", "Mod", "Where", "Sum", "Mean", "Clip"}
+_AGNOSTIC = ops.ELEMENTWISE
 # inputs that are scalar parameters, not broadcast operands: left as they are
 _SCALAR_INPUTS = {"Clip": {1, 2}}
 
