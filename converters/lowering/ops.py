@@ -97,8 +97,10 @@ FORMAT_AGNOSTIC = frozenset({
     "GreaterOrEqual", "And", "Or", "Xor", "Not", "IsNaN", "IsInf", "Shrink", "Trilu",
 })
 
-# ONNX ops the cube unit runs (their NC1HWC0 / FRACTAL_Z / FRACTAL_NZ operands follow :func:`cube_c0`)
-CUBE_C0_OPS = frozenset({"Conv", "ConvTranspose", "MatMul", "Gemm"})
+# ONNX ops the cube unit runs (their NC1HWC0 / FRACTAL_Z / FRACTAL_NZ operands follow :func:`cube_c0`):
+# FE's cube list for the C0 refresh (ARefreshCubeC0FusionPass: Conv2D, Conv2DTransposeD, BatchMatMulV2,
+# MatMulV2, AvgPool, AvgPoolV2, ...; ONNX AveragePool -> AvgPoolV2, GlobalAveragePool -> AvgPool)
+CUBE_C0_OPS = frozenset({"Conv", "ConvTranspose", "MatMul", "Gemm", "AveragePool", "GlobalAveragePool"})
 
 
 def cube_c0(soc: str, dtype) -> int:
