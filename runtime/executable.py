@@ -422,8 +422,13 @@ class _PlanBuilder:
         if got is not None:
             return got
         t = str(td["tensor"])
-        prev = self.td_by_name.get(str(td.get("after"))) if td.get("after") else None
-        # the second step of a chain (C0 8 <-> 16 through NCHW) converts the first step's result
+        prev = None
+        if td.get("after"):  # the second step of a chain (C0 8 <-> 16 through NCHW) converts the first's result
+            prev = self.td_by_name.get(str(td["after"]))
+            if prev is None or prev.get("after") or str(prev.get("tensor")) != t:
+                raise ModelError(f"plan execution: TransData {name} on {t!r} follows {td['after']!r}, which is not "
+                                 f"a first conversion of {t!r} in the manifest",
+                                 hint="re-convert the model; if it persists this is a converter bug")
         src_buf = self.transdata_buffer(prev) if prev is not None else self.buffer_of[t]
         src_st = self.stored[src_buf]
         # a TransData is real: it unpacks its source buffer and packs the destination buffer

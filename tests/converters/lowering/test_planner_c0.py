@@ -20,7 +20,7 @@ from npu_deploy.converters.lowering import plan_passes
 from npu_deploy.converters.lowering.plan_state import PlanState
 from npu_deploy.converters.lowering.planner import plan
 from npu_deploy.converters.lowering.support import check_support
-from npu_deploy.errors import InternalError
+from npu_deploy.errors import InternalError, ModelError
 from npu_deploy.runtime.check.compare import compare
 from npu_deploy.runtime.emulator import EmulatorBackend
 from tests.conftest import SHARED_DATA
@@ -196,6 +196,15 @@ def test_emulator_runs_both_steps_and_matches_onnxruntime(tmp_path):
         assert first.format in ("NCHW", "ND") and first.storage == (2, 24, 12, 12)
     assert pg.stored["c1"].storage == (2, 3, 12, 12, 8)    # conv1 writes C0 = 8: C1 = ceil(24 / 8)
     assert pg.stored["b"].storage == (2, 2, 12, 12, 16)    # BN writes C0 = 16: C1 = ceil(24 / 16)
+
+    # a manifest whose chain names no first step is refused, not run on the stored buffer
+    from tests.runtime.test_plan_execution import rewrite
+
+    def unlink(man):
+        next(t for t in man["transdata"] if t.get("after"))["after"] = "trans_TransData_999"
+    bad = rewrite(bundle, tmp_path / "bad.bundle", unlink)
+    with EmulatorBackend(bad) as b, pytest.raises(ModelError, match="follows 'trans_TransData_999'"):
+        b.run(None, {"x": x})
 
 
 @pytest.mark.realmodel
