@@ -9,6 +9,7 @@ shapes the device wrote) and from the format formulas, not from the planner."""
 from __future__ import annotations
 
 import collections
+import dataclasses
 
 import numpy as np
 import onnx
@@ -263,7 +264,8 @@ def test_alexnet_plan_against_the_real_capture(tmp_path):
     made by the aclnn max-pool kernel itself (``aclnnMaxPool2dWithMask_TransDataSpecial``: NCHW <->
     NC1HWC0:1 with C0 = 16 around MaxPoolWithArgmaxV1). Weight conversions (FRACTAL_Z) are constants
     ATC folds at compile time. The compiled graph's MaxPool (MaxPoolV3) has no float32 AI Core kernel and
-    runs on AI CPU in NCHW, so the plan has the 10 FE rows, row for row, and none of the 6."""
+    runs on AI CPU in NCHW, so the plan has the 10 FE rows, row for row, and none of the 6; with the
+    pooling on AI Core in float32 (as the capture's kernel runs) it has all 16."""
     from npu_deploy.profiling.ops import read_measured_ops
 
     (cap,) = read_measured_ops(CAPTURE)
@@ -284,3 +286,15 @@ def test_alexnet_plan_against_the_real_capture(tmp_path):
     meas = {(o.in_formats[0], tuple(o.in_shapes[0])): o.duration_us for o in rows}
     pairs = [(td.est_us, meas[_storage(td)[:2]]) for td in p.transdata]
     assert all(e > 0 and m > 0 for e, m in pairs)
+
+    # with the pooling on AI Core in float32, as the capture's kernel runs it (MaxPoolV3 kernels are a
+    # vector op reading NC1HWC0 with C0 = 16), the plan has all 16 rows: the 6 pooling ones too, with their
+    # C0 = 16 storage shapes, 2 of them the second step of a C0 16 -> 8 chain (pool -> conv)
+    support = check_support(p_loaded := _alexnet(tmp_path), KEEP["soc"], precision_mode=KEEP["precision_mode"])
+    support = dataclasses.replace(support, nodes=[dataclasses.replace(n, engine="AI Core", detail="")
+                                                  if n.op_type == "MaxPool" else n for n in support.nodes])
+    q = plan(p_loaded, support=support, **KEEP)
+    every = collections.Counter((o.in_formats[0], tuple(o.in_shapes[0]), o.out_formats[0], tuple(o.out_shapes[0]))
+                                for o in rows)
+    assert collections.Counter(_storage(td)[:4] for td in q.transdata) == every and sum(every.values()) == 16
+    assert sorted(td.tensor for td in q.transdata if td.after) == ["p1", "p2"]
