@@ -21,9 +21,10 @@ anything):
    when that removes conversions (or, at equal count, bytes); a failed check's reason is kept and
    shown by ``--explain``.
 4. :func:`insert_transdata` (shared: one conversion per tensor and target format, whatever the number
-   of consumers) gives the **optimised plan**; :func:`verify_plan` checks the guarantees (every node
-   has formats; after TransData every edge's producer and consumer formats agree; no cancellable pair
-   left).
+   of consumers; a float32 C0 8 <-> 16 change on a cube-high-precision SoC is two, through NCHW, the
+   second naming the first in ``after``: docs/ge-rules.md R7) gives the **optimised plan**;
+   :func:`verify_plan` checks the guarantees (every node has formats; after TransData every edge's
+   producer and consumer formats, and C0s, agree; no cancellable pair left).
 
 If/Loop/Scan bodies are then planned the same way, each as a graph of its own (:func:`plan_bodies`):
 outer tensors enter a body as they are stored outside, body inputs and outputs are ND; body nodes
