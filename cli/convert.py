@@ -19,6 +19,7 @@ from npu_deploy.cli.feedback import Stages, early, interactive
 from npu_deploy.cli.options import (HabitCommand, flag_from_01, input_shape_option, parse_input_shapes, parse_int_list,
                                     op_info_option, precision_mode_option, refuse_overwriting, soc_option)
 from npu_deploy.converters.lowering.options import ALL_INPUT_FORMATS, BACKENDS
+from npu_deploy.converters.lowering.plan_record import transfer_text
 from npu_deploy.converters.lowering.preflight import needs_preflight
 from npu_deploy.errors import InputError, NpuDeployError
 
@@ -184,7 +185,7 @@ def command(model, model_opt, framework, output, backend, soc, input_shape, inpu
         else:
             click.echo("TransData kept, and why:")
             for t in rep.transdata:
-                click.echo(f"  {t['name']}: {t['tensor']} {t['src_format']} -> {t['dst_format']}: {t['reason']}")
+                click.echo(f"  {t['name']}: {t['tensor']} {transfer_text(t)}: {t['reason']}")
             for d in rep.atc_differences:
                 click.echo(printable(f"differs from ATC: {d}"))
     if not no_preflight and needs_preflight(result.precision_mode):

@@ -252,9 +252,10 @@ class _PlanBuilder:
         # TransData by (tensor, consumer)
         self.td_by_edge: dict[tuple[str, str], dict] = {}
         self.td_list = [td for td in manifest.get("transdata") or [] if isinstance(td, dict)]
-        for td in self.td_list:
+        for td in self.td_list:  # a chain's second step comes later in the list and wins its edges
             for c in td.get("consumers") or []:
                 self.td_by_edge[(str(td.get("tensor")), str(c))] = td
+        self.td_by_name = {str(td.get("name")): td for td in self.td_list}
         # tensors the plan fuses into their reader (never stored, so not rounded); literal stores all
         self.fused = set() if literal else {str(t) for t in manifest.get("fused_tensors") or []}
         self.storage_ops: list[str] = []
@@ -421,7 +422,14 @@ class _PlanBuilder:
         if got is not None:
             return got
         t = str(td["tensor"])
-        src_buf = self.buffer_of[t]
+        prev = None
+        if td.get("after"):  # the second step of a chain (C0 8 <-> 16 through NCHW) converts the first's result
+            prev = self.td_by_name.get(str(td["after"]))
+            if prev is None or prev.get("after") or str(prev.get("tensor")) != t:
+                raise ModelError(f"plan execution: TransData {name} on {t!r} follows {td['after']!r}, which is not "
+                                 f"a first conversion of {t!r} in the manifest",
+                                 hint="re-convert the model; if it persists this is a converter bug")
+        src_buf = self.transdata_buffer(prev) if prev is not None else self.buffer_of[t]
         src_st = self.stored[src_buf]
         # a TransData is real: it unpacks its source buffer and packs the destination buffer
         logical = self.read(t, src_buf, td.get("src_format"), src_st.c0, name, real=True)

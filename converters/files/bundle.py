@@ -576,7 +576,7 @@ _TRANSDATA = _obj({
     "name": _opt(_str), "tensor": _opt(_str), "producer": _opt(_str), "consumers": _opt(_names),
     "onnx_nodes": _opt(_names), "src_format": _format, "dst_format": _format, "shape": _opt(_shape),
     "dtype": _opt(_dtype), "c0": _opt(_int(1, 1024)), "bytes": _opt(_int(0)), "dst_bytes": _opt(_int(0)),
-    "est_us": _opt(_number), "reason": _opt(_str),
+    "est_us": _opt(_number), "reason": _opt(_str), "after": _opt(_str),
 }, required=("src_format", "dst_format"))
 
 _NODE_FORMAT = _obj({

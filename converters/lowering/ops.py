@@ -126,11 +126,13 @@ INT_DATA_INPUTS: dict[str, tuple[int, ...] | None] = {
     "Squeeze": (0,), "Unsqueeze": (0,), "Reshape": (0,), "Gather": (0,), "Expand": (0,), "Tile": (0,),
     "Flatten": (0,), "Identity": (0,), "Where": (1, 2)}
 
-# ONNX ops the cube unit runs (their NC1HWC0 / FRACTAL_Z / FRACTAL_NZ operands follow :func:`cube_c0`)
-CUBE_C0_OPS = frozenset({"Conv", "ConvTranspose", "MatMul", "Gemm"})
+# ONNX ops the cube unit runs (their NC1HWC0 / FRACTAL_Z / FRACTAL_NZ operands follow :func:`cube_c0`):
+# FE's cube list for the C0 refresh (RefreshCubeC0FusionPass: Conv2D, Conv2DTransposeD, BatchMatMulV2,
+# MatMulV2, AvgPool, AvgPoolV2, ...; ONNX AveragePool -> AvgPoolV2, GlobalAveragePool -> AvgPool)
+CUBE_C0_OPS = frozenset({"Conv", "ConvTranspose", "MatMul", "Gemm", "AveragePool", "GlobalAveragePool"})
 # Cube-unit ops for precision: the 310P cube has no float32 path, so allow_fp32_to_fp16 runs them in
 # float16 (the recurrent ops' gate MatMuls too; their storage C0 is not modelled, hence not CUBE_C0_OPS).
-CUBE_OPS = CUBE_C0_OPS | frozenset({"LSTM", "GRU", "RNN"})
+CUBE_OPS = frozenset({"Conv", "ConvTranspose", "MatMul", "Gemm", "LSTM", "GRU", "RNN"})
 # Ops kept in float32 under allow_mix_precision (numerically sensitive: reductions, exponentials,
 # normalisations). npu-deploy's list, modelled on the "black list" idea of CANN's mixed precision.
 MIX_PRECISION_FP32_OPS = frozenset({

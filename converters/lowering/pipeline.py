@@ -134,6 +134,13 @@ def check_plan_record(plan: Any, graph, constants: set[str]) -> None:
             return
         have = writes[t]
         td = edges.get((t, reader))
+        first = next((d for d in plan.transdata if d.name == td.after), None) if td is not None and td.after else None
+        if first is not None:  # a chain of two (a C0 change through NCHW): the first reads what is stored
+            if not same_format(first.src_format, have) or not same_format(first.dst_format, td.src_format):
+                raise InternalError(f"plan: TransData {first.name} -> {td.name} on {t} -> {reader} converts "
+                                    f"{first.src_format} -> {first.dst_format} -> {td.dst_format}, but {t} is "
+                                    f"stored in {have}")
+            have = td.src_format
         if td is not None:
             if not (same_format(td.src_format, have) and same_format(td.dst_format, want or "ND")):
                 raise InternalError(f"plan: TransData {td.name} on {t} -> {reader} converts {td.src_format} -> "

@@ -19,7 +19,7 @@ from npu_deploy.converters.lowering.plan_state import (C04, CUBE_OPS, HOST_LAYOU
                                                        NC1HWC0, ND, NDC1HWC0, NZ, PRIVATE_5HD, NodeFormats,
                                                        PackedWeight, PlanState, TransData, _c0_for, _Node,
                                                        _numel, _same, display_format, is_plain, output_format,
-                                                       plain_name, view_shape)
+                                                       formats_default_c0, plain_name, view_shape)
 from npu_deploy.errors import InternalError
 from npu_deploy.converters import formats
 
@@ -494,8 +494,17 @@ class PropagateFormats(Pass):
             for j, t in enumerate(n.node.input):
                 if state.is_activation(t) and (n.rule.kind in ("follow", "concat") or j in n.rule.data_slots):
                     f = state.tensor_format(t)
-                    if not is_plain(f) and f not in cands:
-                        cands.append(f)
+                    if is_plain(f) or f in cands:
+                        continue
+                    if state.stored_c0(t) != state.read_c0(n.node.name, t, f):
+                        # FE's heavy-format propagation does not start from a float32 cube op under cube
+                        # high precision: its C0 = 8 output is another format to a C0 = 16 reader (R7)
+                        state.explanations[(n.node.name, f)] = (
+                            f"its producer writes {t} in {f} with C0 = {state.stored_c0(t)} (a float32 cube "
+                            f"op under cube high precision), which {n.node.op_type} reads with C0 = "
+                            f"{formats_default_c0(np.float32)}; FE does not propagate from such a cube op")
+                        continue
+                    cands.append(f)
             for f in cands:
                 reason = check_format(state, n, f)
                 if reason is None:
@@ -668,37 +677,100 @@ class CancelRoundTrips(Pass):
 
 
 def insert_transdata(state: PlanState, *, shared: bool = True, naive: bool = False) -> list[TransData]:
-    """TransData for the current formats: one per (tensor, target format) when ``shared``, else one
-    per consumer edge. ``naive``: every edge converts, each consumer on its own (the naive plan)."""
+    """TransData for the current formats: one per (tensor, target format, C0) when ``shared``, else one
+    per consumer edge. ``naive``: every edge converts, each consumer on its own (the naive plan).
+
+    A reader that takes the stored blocked format with another C0 (float32 between a cube op, C0 = 8
+    under cube high precision, and a vector op, C0 = 16) gets two: stored format -> its plain origin
+    format (NCHW), then -> the blocked format with the reader's C0; the second names the first in
+    ``after``. To GE the two are different formats (C0 sits in the format word's high bits) with
+    different shapes, so FE inserts through the origin format and does not merge the pair
+    (docs/ge-rules.md R7)."""
     out: list[TransData] = []
+    pairs: list[TransData] = []
     tensors = list(state.graph_inputs) + [o for n in state.nodes for o in n.node.output if o]
     for t in tensors:
         if not state.is_activation(t):
             continue
         src = state.tensor_format(t)
-        groups: dict[str, list[str | None]] = {}
+        have_c0 = state.stored_c0(t)
+        groups: dict[tuple, list[str | None]] = {}
+        c0_groups: dict[tuple, list[str | None]] = {}
         for consumer, req in state.needs(t):
+            want_c0 = state.read_c0(consumer, t, req)
             if not _same(req, src):
-                key = req if shared and not naive else f"{req}#{len(groups)}"
-                groups.setdefault(key, []).append(consumer)
+                key: tuple = (req, want_c0)
+                bucket = groups
+            elif not is_plain(src) and src != C04 and want_c0 != have_c0:
+                key, bucket = (req, want_c0), c0_groups
+            else:
+                continue
+            if naive or not shared:
+                key = key + (len(groups) + len(c0_groups),)
+            bucket.setdefault(key, []).append(consumer)
         p = state.producer.get(t)
         prod = state.nodes[p[0]] if p else None
+        shape = tuple(state.shapes.get(t, ()))
+        rank = len(shape)
+        mine: dict[tuple, TransData] = {}
         for key, consumers in groups.items():
-            dst = key.split("#")[0]
-            shape = tuple(state.shapes.get(t, ()))
-            rank = len(shape)
-            src_name = display_format(src, rank)
-            dst_name = display_format(dst, rank)
-            td = TransData(
-                name=f"trans_TransData_{len(out)}", tensor=t, producer=prod.node.name if prod else None,
-                consumers=[c if c is not None else "<graph output>" for c in consumers],
-                src_format=src_name, dst_format=dst_name, shape=shape, dtype=state.device_dtype(t).name,
-                bytes=state.storage_bytes(t, src), dst_bytes=state.storage_bytes(t, dst),
-                c0=state.cube_c0(t, dst if not is_plain(dst) else src))
+            dst, want_c0 = key[0], key[1]
+            td = _transdata(state, out, t, prod, consumers, src, dst, have_c0 if is_plain(dst) else want_c0,
+                            state.storage_bytes(t, src), state.storage_bytes_c0(t, dst, want_c0))
             td.reason = ("naive plan: every boundary converts, once per consumer" if naive
                          else _reason(state, td, prod, consumers, src, dst))
             out.append(td)
+            mine[key] = td
+        origin = plain_name(rank) if rank in (4, 5) else ND
+        for key, consumers in c0_groups.items():
+            dst, want_c0 = key[0], key[1]
+            first = None if (naive or not shared) else mine.get((ND, None))
+            if first is None:
+                first = _transdata(state, out, t, prod, [], src, origin, have_c0, state.storage_bytes(t, src),
+                                   state.storage_bytes(t, origin))
+                first.reason = ""
+                out.append(first)
+                if not (naive or not shared):
+                    mine[(ND, None)] = first
+            first.consumers.extend(c if c is not None else "<graph output>" for c in consumers)
+            second = _transdata(state, pairs, t, prod, consumers, origin, dst, want_c0,
+                                state.storage_bytes(t, origin), state.storage_bytes_c0(t, dst, want_c0))
+            second.prev, second.after = first, first.name
+            why = _c0_reason(state, prod, consumers, display_format(src, rank), have_c0, want_c0,
+                             display_format(origin, rank))
+            second.reason = "naive plan: " + why if naive else why
+            if not first.reason:
+                first.reason = second.reason
+            pairs.append(second)
+    # the second step of each pair after every first step (a reader of the list meets a chain in order)
+    for td in pairs:
+        td.name = f"trans_TransData_{len(out)}"
+        out.append(td)
     return out
+
+
+def _transdata(state: PlanState, out: list, t: str, prod: _Node | None, consumers, src: str, dst: str,
+               c0: int | None, nbytes: int, dst_bytes: int) -> TransData:
+    rank = len(state.shapes.get(t, ()))
+    return TransData(
+        name=f"trans_TransData_{len(out)}", tensor=t, producer=prod.node.name if prod else None,
+        consumers=[c if c is not None else "<graph output>" for c in consumers],
+        src_format=display_format(src, rank), dst_format=display_format(dst, rank),
+        shape=tuple(state.shapes.get(t, ())), dtype=state.device_dtype(t).name, bytes=nbytes,
+        dst_bytes=dst_bytes, c0=c0)
+
+
+def _c0_reason(state: PlanState, prod: _Node | None, consumers, fmt: str, have: int | None, want: int | None,
+               origin: str) -> str:
+    dflt = formats_default_c0(np.float32)
+    writer = (f"{ops.cann_op(prod.node.op_type)} {prod.node.name} writes {fmt} with C0 = {have or dflt}"
+              if prod is not None else f"{fmt} with C0 = {have or dflt}")
+    readers = ", ".join(f"{ops.cann_op(state.by_name[c].node.op_type)} {c}" for c in consumers if c in state.by_name)
+    return (f"{writer}; {readers} read{'s' if len(consumers) == 1 else ''} it with C0 = {want or dflt} "
+            f"(float32 cube ops store C0 = 8 under cube high precision, other ops C0 = {dflt}): two formats to "
+            f"GE with different shapes, so FE converts through the origin format {origin} "
+            f"({fmt}(C0 {have or dflt}) -> {origin} -> {fmt}(C0 {want or dflt})) and does not merge the pair "
+            f"(ge-rules R7)")
 
 
 def _reason(state: PlanState, td: TransData, prod: _Node | None, consumers, src: str, dst: str) -> str:
@@ -736,24 +808,35 @@ def verify_plan(state: PlanState, transdata: list[TransData], node_formats: dict
     slots that carry a runtime requirement.
     """
     by_edge: dict[tuple[str, str], list[TransData]] = {}
+    by_name = {td.name: td for td in transdata}
     for td in transdata:
         if _same(td.src_format, td.dst_format):
             raise InternalError(f"plan: {td.name} on {td.tensor} converts {td.src_format} to itself")
-        if not _same(td.src_format, display_format(state.tensor_format(td.tensor), state.rank(td.tensor))):
+        if td.after is not None:  # the second step of a chain: reads the first step's result
+            prev = by_name.get(td.after)
+            if (prev is None or prev.tensor != td.tensor or prev.after is not None
+                    or not _same(prev.dst_format, td.src_format) or not set(td.consumers) <= set(prev.consumers)):
+                raise InternalError(f"plan: {td.name} on {td.tensor} follows {td.after}, which does not "
+                                    f"convert {td.tensor} to {td.src_format} for the same readers")
+        elif not _same(td.src_format, display_format(state.tensor_format(td.tensor), state.rank(td.tensor))):
             raise InternalError(f"plan: {td.name} reads {td.tensor} as {td.src_format}, stored as "
                                 f"{state.tensor_format(td.tensor)}")
         for c in dict.fromkeys(td.consumers):  # a node reading t at two slots is listed twice
             by_edge.setdefault((td.tensor, c), []).append(td)
-    if any(len(v) > 1 for v in by_edge.values()):
-        (t, c), _ = next((k, v) for k, v in by_edge.items() if len(v) > 1)
-        raise InternalError(f"plan: edge {t} -> {c} has more than one TransData")
+    for (t, c), tds in by_edge.items():  # one TransData per edge, or one chain of two
+        if len(tds) > 2 or (len(tds) == 2 and tds[1].after != tds[0].name):
+            raise InternalError(f"plan: edge {t} -> {c} has more than one TransData")
     for n in state.nodes:
         if n.fmt is None:
             raise InternalError(f"plan: node {n.node.name} has no format")
 
     def arrives(t: str, consumer: str) -> str:
         tds = by_edge.get((t, consumer))
-        return tds[0].dst_format if tds else display_format(state.tensor_format(t), state.rank(t))
+        return tds[-1].dst_format if tds else display_format(state.tensor_format(t), state.rank(t))
+
+    def arrives_c0(t: str, consumer: str) -> int | None:
+        tds = by_edge.get((t, consumer))
+        return tds[-1].c0 if tds else state.stored_c0(t)
 
     for t in list(state.graph_inputs) + [o for n in state.nodes for o in n.node.output if o]:
         if not state.is_activation(t):
@@ -762,6 +845,11 @@ def verify_plan(state: PlanState, transdata: list[TransData], node_formats: dict
             got = arrives(t, consumer if consumer is not None else "<graph output>")
             if not _same(got, req):
                 raise InternalError(f"plan: edge {t} -> {consumer} gets {got} but needs {req}")
+            if not is_plain(req) and req != C04 and consumer is not None:
+                have, want = arrives_c0(t, consumer), state.read_c0(consumer, t, req)
+                if have != want:
+                    raise InternalError(f"plan: edge {t} -> {consumer} arrives in {req} with C0 = {have} but is "
+                                        f"read with C0 = {want} (None: the dtype's default)")
     for o in state.graph_outputs:
         if state.is_activation(o) and not is_plain(arrives(o, "<graph output>")):
             raise InternalError(f"plan: graph output {o} leaves in {arrives(o, '<graph output>')}")

@@ -8,7 +8,8 @@ import dataclasses
 from typing import Any, ClassVar
 
 from npu_deploy._result import Result
-from npu_deploy.converters.lowering.plan_state import FORMATTRANS_THRESHOLD_PCT, NodeFormats, PackedWeight, TransData
+from npu_deploy.converters.lowering.plan_state import (FORMATTRANS_THRESHOLD_PCT, NodeFormats, PackedWeight, TransData,
+                                                       formats_default_c0, is_plain)
 from npu_deploy._version import __version__
 
 # ------------------------------------------------------------------------------------------------
@@ -96,12 +97,35 @@ class PlanReport(Result):
                 where = t.get("producer") or "(input)"
                 to = ", ".join(t.get("consumers") or []) or "(output)"
                 est = f", est. {t['est_us']:.1f} µs" if t.get("est_us") is not None else ""
-                lines.append(f"    {t.get('name')}: {t.get('tensor', '?')} {t.get('src_format')} -> "
-                             f"{t.get('dst_format')} [{shape}] {_mb(t.get('bytes', 0))}{est}, "
-                             f"{where} -> {to}")
+                lines.append(f"    {t.get('name')}: {t.get('tensor', '?')} {transfer_text(t)} "
+                             f"[{shape}] {_mb(t.get('bytes', 0))}{est}, {where} -> {to}")
         for note in self.notes:
             lines.append(f"  note: {note}")
         return lines
+
+
+def transfer_text(td: dict) -> str:
+    """``src -> dst`` of a TransData manifest entry, the blocked end annotated with its C0 when it is
+    not the dtype's default or the conversion is the second step of a C0 change (``after``).
+
+    >>> transfer_text({"src_format": "NC1HWC0", "dst_format": "NCHW", "c0": 8, "dtype": "float32"})
+    'NC1HWC0[C0=8] -> NCHW'
+    >>> transfer_text({"src_format": "NCHW", "dst_format": "NC1HWC0", "dtype": "float32", "after": "trans_TransData_1"})
+    'NCHW -> NC1HWC0[C0=16] (after trans_TransData_1)'
+    """
+    src, dst = str(td.get("src_format")), str(td.get("dst_format"))
+    c0 = td.get("c0")
+    if c0 is None and td.get("after"):
+        try:
+            c0 = formats_default_c0(str(td.get("dtype") or "float32"))
+        except Exception:  # a dtype name numpy does not know: leave the C0 out
+            c0 = None
+    if c0 is not None:
+        if not is_plain(dst):
+            dst = f"{dst}[C0={c0}]"
+        elif not is_plain(src):
+            src = f"{src}[C0={c0}]"
+    return f"{src} -> {dst}" + (f" (after {td['after']})" if td.get("after") else "")
 
 
 def _mb(n: int) -> str:
@@ -217,5 +241,5 @@ class Plan:
     def explain(self) -> list[str]:
         """One line per TransData kept: where it sits and why it had to stay; then one line per known
         difference from ATC's build (``PlanReport.atc_differences``)."""
-        return [f"{t.name}: {t.tensor} {t.src_format} -> {t.dst_format} ({_mb(t.bytes)}): {t.reason}"
+        return [f"{t.name}: {t.tensor} {transfer_text(t.to_manifest())} ({_mb(t.bytes)}): {t.reason}"
                 for t in self.transdata] + [f"differs from ATC: {d}" for d in self.report.atc_differences]

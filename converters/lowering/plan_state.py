@@ -225,6 +225,10 @@ class TransData:
     est_us: float | None = None
     reason: str = ""
     c0: int | None = None    # set only when not the dtype's default (float32 cube operands on 910B: 8)
+    # The TransData whose result this one converts further (a C0 8 <-> 16 change goes through NCHW in
+    # two steps, ge-rules R7): its name in the manifest, and the record itself until names are final.
+    after: str | None = None
+    prev: "TransData | None" = dataclasses.field(default=None, repr=False, compare=False)
 
     def to_manifest(self) -> dict:
         d = {"name": self.name, "tensor": self.tensor, "producer": self.producer,
@@ -234,6 +238,8 @@ class TransData:
              "onnx_nodes": [n for n in [self.producer, *self.consumers] if n], "reason": self.reason}
         if self.c0 is not None:
             d["c0"] = self.c0
+        if self.after is not None:
+            d["after"] = self.after
         return d
 
 
@@ -413,10 +419,27 @@ class PlanState:
             if not self.is_activation(t):
                 continue
             src = self.tensor_format(t)
-            targets = {req for _, req in self.needs(t) if not _same(req, src)}
+            needs = self.needs(t)
+            targets = {req for _, req in needs if not _same(req, src)}
             count += len(targets)
             nbytes += len(targets) * self.storage_bytes(t, src)
+            # a reader of the stored blocked format with another C0: two steps through the plain origin
+            # format, the first shared with the plain readers (ge-rules R7)
+            c0s = self._c0_changes(t, src, needs)
+            if c0s:
+                plain = any(is_plain(req) for req in targets)
+                count += len(c0s) + (0 if plain else 1)
+                nbytes += len(c0s) * _numel(self.shapes.get(t, ())) * self.device_dtype(t).itemsize
+                nbytes += 0 if plain else self.storage_bytes(t, src)
         return count, nbytes
+
+    def _c0_changes(self, t: str, src: str, needs) -> set:
+        """The C0s (None: the default) other than the stored one that readers of ``t`` want in its
+        stored blocked format ``src``."""
+        if is_plain(src) or src == C04 or ops.cube_c0(self.soc, np.float32) == formats_default_c0(np.float32):
+            return set()
+        have = self.stored_c0(t)
+        return {w for w in (self.read_c0(c, t, req) for c, req in needs if _same(req, src)) if w != have}
 
     def storage_bytes(self, t: str, fmt: str) -> int:
         """Bytes of ``t`` stored in ``fmt`` with its device dtype (dtypes are fixed before any pass)."""
@@ -446,7 +469,7 @@ class PlanState:
             return None
         p = self.producer.get(t)
         prod = self.nodes[p[0]] if p else None
-        if prod is not None and not prod.folded and prod.fmt == fmt:
+        if prod is not None and not prod.folded and output_format(prod.fmt) == fmt:
             # stored as its producer writes it
             return c0 if prod.node.op_type in ops.CUBE_C0_OPS else None
         # converted for its readers (a TransData's destination): as the cube reader reads it
@@ -454,6 +477,40 @@ class PlanState:
         cube = any(n.node.op_type in ops.CUBE_C0_OPS and not n.folded and n.fmt == fmt
                    and np.dtype(n.dtype) == np.float32 for n in readers)
         return c0 if cube else None
+
+    def stored_c0(self, t: str) -> int | None:
+        """The C0 ``t`` is stored with when it is not the dtype's default (None otherwise): float32
+        written in a blocked format by a cube op under cube high precision (8 on 910B/910_93)."""
+        p = self.producer.get(t)
+        if p is None or t in self.const or self.nodes[p[0]].folded:
+            return None
+        return self.cube_c0(t, self.tensor_format(t))
+
+    def read_c0(self, consumer: str | None, t: str, fmt: str) -> int | None:
+        """The C0 node ``consumer`` reads ``t`` with in blocked ``fmt`` when it is not the dtype's
+        default (None otherwise). FE gives a float32 cube op's tensors C0 = 8 under cube high precision
+        (``ARefreshCubeC0FusionPass``; ``GetC0ValByOpDescAndDtype``), every other op the dtype's C0
+        (16 for float32): a vector op (pooling, BN, elementwise) reads float32 NC1HWC0 with C0 = 16
+        (docs/ge-rules.md R7)."""
+        if consumer is None or is_plain(fmt) or fmt == C04 or self.device_dtype(t) != np.float32:
+            return None
+        c0 = ops.cube_c0(self.soc, np.float32)
+        if c0 == formats_default_c0(np.float32):
+            return None
+        n = self.by_name.get(consumer)
+        if n is None or n.folded or n.node.op_type not in ops.CUBE_C0_OPS or np.dtype(n.dtype) != np.float32:
+            return None
+        return c0
+
+    def storage_bytes_c0(self, t: str, fmt: str, c0: int | None) -> int:
+        """Bytes of ``t`` stored in ``fmt`` with the given C0 (None: the dtype's default), as a
+        TransData destination for one kind of reader writes it."""
+        if is_plain(fmt):
+            return self.storage_bytes(t, fmt)
+        shape = self.shapes.get(t)
+        if shape is None:
+            return 0
+        return _format_nbytes(fmt, tuple(shape), self.device_dtype(t), c0)
 
     def node_c0(self, n: "_Node") -> int | None:
         """The C0 node ``n`` computes with (``NodeFormats.c0``)."""

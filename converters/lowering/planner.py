@@ -21,9 +21,10 @@ anything):
    when that removes conversions (or, at equal count, bytes); a failed check's reason is kept and
    shown by ``--explain``.
 4. :func:`insert_transdata` (shared: one conversion per tensor and target format, whatever the number
-   of consumers) gives the **optimised plan**; :func:`verify_plan` checks the guarantees (every node
-   has formats; after TransData every edge's producer and consumer formats agree; no cancellable pair
-   left).
+   of consumers; a float32 C0 8 <-> 16 change on a cube-high-precision SoC is two, through NCHW, the
+   second naming the first in ``after``: docs/ge-rules.md R7) gives the **optimised plan**;
+   :func:`verify_plan` checks the guarantees (every node has formats; after TransData every edge's
+   producer and consumer formats, and C0s, agree; no cancellable pair left).
 
 If/Loop/Scan bodies are then planned the same way, each as a graph of its own (:func:`plan_bodies`):
 outer tensors enter a body as they are stored outside, body inputs and outputs are ND; body nodes
@@ -156,6 +157,9 @@ def plan(loaded, *, soc: str = "Ascend310P3", precision_mode: str | None = None,
     naive = naive + [td for b in bodies for td in b.naive]
     for k, td in enumerate(transdata):
         td.name = f"trans_TransData_{k}"
+    for td in transdata:  # the second step of a C0 change names the first by its final name
+        if td.prev is not None:
+            td.after = td.prev.name
     report = _report(loaded, state, soc, precision_mode, support, naive, transdata, weights, mem, cost)
     tensors = _tensor_plans(state, tensor_formats, tensor_dtypes)
     inputs, outputs = _transfers(state, tensor_dtypes)
@@ -371,21 +375,11 @@ def atc_differences(state: PlanState) -> list[str]:
     return out
 
 
-def _c0_boundaries(state: PlanState) -> list[str]:
-    """Float32 tensors in a blocked format written with one C0 and read with the other: a cube op's C0 = 8
-    read by a vector op (C0 = 16), or the reverse."""
-    if ops.cube_c0(state.soc, np.float32) == formats_default_c0(np.float32):
-        return []
-    out = []
-    for t, (k, _) in state.producer.items():
-        prod = state.nodes[k]
-        if prod.folded or is_plain(prod.fmt) or state.device_dtype(t) != np.float32:
-            continue
-        cube = prod.node.op_type in ops.CUBE_C0_OPS
-        if any((state.nodes[c].node.op_type in ops.CUBE_C0_OPS) != cube and state.nodes[c].fmt == prod.fmt
-               for c, _ in state.consumers.get(t, [])):
-            out.append(t)
-    return out
+def _c0_boundaries(transdata: Sequence[TransData]) -> list[str]:
+    """Tensors written in a blocked format with one C0 and read with the other (a float32 cube op's
+    C0 = 8 read by a vector op with C0 = 16, or the reverse): each such change is a planned chain of two
+    TransData (the second names the first in ``after``), one entry per chain."""
+    return [td.tensor for td in transdata if td.after is not None]
 
 
 def _report(loaded, state, soc, precision_mode, support, naive, transdata, weights, mem, cost) -> PlanReport:
@@ -401,12 +395,12 @@ def _report(loaded, state, soc, precision_mode, support, naive, transdata, weigh
             formats_count[key] = formats_count.get(key, 0) + 1
     notes = list(getattr(loaded, "warnings", ()))  # what loading worked around (onnx_model.load_model)
     notes += state.notes  # inputs --input-format does not apply to
-    mixed = _c0_boundaries(state)
+    mixed = _c0_boundaries(transdata)
     if mixed:
-        notes.append(f"{len(mixed)} float32 tensor(s) pass between a cube op (C0 = 8) and a vector op (C0 = 16) "
-                     f"in the same blocked format (e.g. {_names(mixed, 2)}): on the device these are two formats "
-                     "(C0 sits in the format's high bits), converted through NCHW; the plan stores them with "
-                     "the producer's C0 and plans no TransData for the change (docs/ge-rules.md R7)")
+        notes.append(f"{len(mixed)} float32 C0 change(s) between a cube op (C0 = 8) and a vector op (C0 = 16) in "
+                     f"the same blocked format (e.g. {_names(list(dict.fromkeys(mixed)), 2)}): two formats to GE "
+                     f"(C0 sits in the format's high bits), each converted through NCHW by two TransData (the "
+                     f"first shared with the tensor's plain readers, if any; docs/ge-rules.md R7)")
     differences = atc_differences(state)
     if state.bodies:
         notes.append(f"{len(all_bodies(state))} If/Loop/Scan bodies planned (outer tensors enter as stored, "
