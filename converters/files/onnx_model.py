@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import mmap
 import os
 import tempfile
 from pathlib import Path
@@ -121,6 +122,24 @@ class LoadedModel:
         arr = numpy_helper.to_array(tensor)
         return arr.reshape(ref.shape)
 
+    @contextlib.contextmanager
+    def constant_view(self, name: str):
+        """A read-only view of constant ``name`` without reading it all: yields ``(array, release)``.
+
+        External data is memory-mapped (the file's size is checked first, so a truncated file is a
+        ``ModelError``, never a bus error); ``release()`` drops the pages read so far from this
+        process's memory (they stay in the page cache), so a caller reading the tensor in slices holds
+        one slice at a time. An inline tensor is the protobuf's own bytes (one copy of this tensor:
+        the protobuf runtime gives its bytes out as a new object); ``release()`` does nothing there.
+        The view is valid inside the ``with`` block only."""
+        ref = self.constants[name]
+        tensor = self._tensor_proto(ref)
+        if not ref.external or ref.nbytes == 0:
+            yield self.constant_array(name), (lambda: None)
+            return
+        with _mapped_external(tensor, self.path.parent, ref) as (arr, release):
+            yield arr, release
+
     def _tensor_proto(self, ref: ConstantRef) -> onnx.TensorProto:
         index = self.__dict__.get("_proto_index")
         if index is None:
@@ -162,6 +181,47 @@ def _read_external(t: onnx.TensorProto, base: Path, ref: ConstantRef) -> np.ndar
         raise ModelError(f"external data of {t.name!r} in {file} is truncated ({got} of {ref.nbytes} bytes)",
                          hint="copy the complete data file next to the model")
     return out
+
+
+@contextlib.contextmanager
+def _mapped_external(t: onnx.TensorProto, base: Path, ref: ConstantRef):
+    """``(array, release)`` over the external data of ``t``, memory-mapped read-only (see
+    :meth:`LoadedModel.constant_view`); the same checks as :func:`_read_external`."""
+    info = _external_info(t)
+    file = _external_file(base, info.get("location", ""), t.name)
+    offset = int(info.get("offset", 0))
+    length = int(info.get("length", ref.nbytes))
+    if length != ref.nbytes:
+        raise ModelError(f"external data of {t.name!r}: length {length} does not match its shape "
+                         f"{ref.shape} of {ref.dtype} ({ref.nbytes} bytes)", hint="re-export the model")
+    if offset < 0:
+        raise ModelError(f"external data of {t.name!r}: negative offset {offset}", hint="re-export the model")
+    with open(file, "rb") as f:
+        # checked on the open file: a mapping past the end would be a bus error when read, not an exception
+        size = os.fstat(f.fileno()).st_size
+        if size < offset + ref.nbytes:
+            raise ModelError(f"external data of {t.name!r} in {file} is truncated "
+                             f"({max(size - offset, 0)} of {ref.nbytes} bytes)",
+                             hint="copy the complete data file next to the model")
+        start = offset - offset % mmap.ALLOCATIONGRANULARITY
+        mm = mmap.mmap(f.fileno(), offset - start + ref.nbytes, access=mmap.ACCESS_READ, offset=start)
+    try:
+        arr = np.frombuffer(mm, dtype=ref.dtype, count=int(np.prod(ref.shape, dtype=np.int64)),
+                            offset=offset - start).reshape(ref.shape)
+
+        def release() -> None:
+            # MADV_DONTNEED on a read-only file mapping: the pages leave this process (RSS), the page
+            # cache keeps them; a later read faults them in again
+            if hasattr(mm, "madvise") and hasattr(mmap, "MADV_DONTNEED"):
+                mm.madvise(mmap.MADV_DONTNEED)
+
+        yield arr, release
+        del arr
+    finally:
+        try:
+            mm.close()
+        except BufferError:  # a view escaped the with block: the mapping closes when it is collected
+            pass
 
 
 def _external_file(base: Path, location: str, tensor: str) -> Path:
