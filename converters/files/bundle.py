@@ -1047,9 +1047,11 @@ def lowered_graph(loaded, moved: set[str], removed_nodes: set[str]) -> onnx.Mode
 
 def _sha256(path: Path) -> str:
     h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
+    buf = bytearray(1 << 18)  # one buffer reused (f.read(n) would allocate n bytes per call)
+    view = memoryview(buf)
+    with open(path, "rb", buffering=0) as f:
+        while n := f.readinto(buf):
+            h.update(view[:n])
     return h.hexdigest()
 
 

@@ -95,10 +95,12 @@ def leading_split(fmt: Any, shape: tuple[int, ...], dtype: Any, *, c0: int | Non
 
 def stream_packed(source: Source, fmt: str, logical_shape: tuple[int, ...], dtype: Any, *,
                   c0: int | None = None, groups: int = 1, origin: str | None = None,
-                  chunk_bytes: int = CHUNK_BYTES) -> StreamedWeight:
+                  chunk_bytes: int | None = None) -> StreamedWeight:
     """The weight ``source`` opens, cast to ``dtype`` and packed in ``fmt``, as a :class:`StreamedWeight`
-    (``fmt`` ``"ND"``: cast only). The source is opened when ``chunks()`` is iterated and closed after."""
+    (``fmt`` ``"ND"``: cast only). The source is opened when ``chunks()`` is iterated and closed after.
+    ``chunk_bytes``: the slice budget (default :data:`CHUNK_BYTES`, read at the call)."""
     dt = np.dtype(dtype)
+    chunk_bytes = CHUNK_BYTES if chunk_bytes is None else int(chunk_bytes)
     logical_shape = tuple(int(d) for d in logical_shape)
     plain_nd = str(fmt) == "ND"
     kw: dict[str, Any] = {"groups": groups, "origin": origin}
