@@ -20,8 +20,8 @@ format and bounds the converter's peak with ``tracemalloc``).
 >>> w = np.arange(40 * 20, dtype=np.float32).reshape(40, 20)
 >>> leading_split("FRACTAL_Z", (40, 20), np.float16, c0=16, groups=1, origin="ND")
 (0, 16)
->>> s = stream_packed(lambda: (w, lambda: None), "FRACTAL_Z", (40, 20), np.float16, c0=16, origin="ND",
-...                   chunk_bytes=1024)
+>>> s = stream_packed(lambda: contextlib.nullcontext((w, lambda: None)), "FRACTAL_Z", (40, 20), np.float16,
+...                   c0=16, origin="ND", chunk_bytes=1024)
 >>> b"".join(c.tobytes() for c in s.chunks()) == formats.pack(w.astype(np.float16), "FRACTAL_Z", c0=16,
 ...                                                          origin="ND").tobytes()
 True
