@@ -162,3 +162,62 @@ def test_data_file_cut_after_loading_is_a_clear_error_and_no_output(tmp_path):
         write_plan_bundle(out, ctx.loaded, ctx.plan)
     assert "'w1'" in str(e.value) and e.value.hint
     assert not out.exists() and sorted(p.name for p in tmp_path.iterdir()) == ["m.onnx", "w.data"]
+
+
+# ---------------------------------------------------------------------- large inline weights left in the file
+def _inline_model(folder, n=3, dim=768):
+    """MatMul weights of 2.25 MiB each inside the .onnx (raw_data), a small bias, an int64 shape."""
+    rng = np.random.default_rng(1)
+    inits, nodes, prev = [], [], "x"
+    for i in range(n):
+        inits.append(onnx.numpy_helper.from_array(rng.standard_normal((dim, dim), dtype=np.float32), f"w{i}"))
+        nodes.append(helper.make_node("MatMul", [prev, f"w{i}"], [f"m{i}"], name=f"mm{i}"))
+        prev = f"m{i}"
+    inits.append(onnx.numpy_helper.from_array(rng.standard_normal(dim).astype(np.float32), "b"))
+    inits.append(onnx.numpy_helper.from_array(np.array([2, dim], np.int64), "shape"))
+    nodes += [helper.make_node("Add", [prev, "b"], ["a"], name="add"),
+              helper.make_node("Reshape", ["a", "shape"], ["y"], name="reshape")]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, dim])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, dim])], inits)
+    path = folder / "inline.onnx"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), path)
+    return path, {t.name: onnx.numpy_helper.to_array(t) for t in inits}
+
+
+def test_large_inline_weights_stay_in_the_file(tmp_path):
+    from npu_deploy.converters.files.onnx_model import STRIP_BYTES, load_model
+
+    path, values = _inline_model(tmp_path)
+    loaded = load_model(path)
+    # the protobuf in memory holds none of the large weights: a reference to their bytes in the .onnx
+    assert loaded.model.ByteSize() < STRIP_BYTES < path.stat().st_size / 3
+    assert {n for n, r in loaded.constants.items() if r.external} == {"w0", "w1", "w2"}
+    for name, want in values.items():
+        np.testing.assert_array_equal(loaded.constant_array(name), want)
+
+
+def test_bundle_of_an_inline_model_is_the_same_as_when_read_whole(tmp_path, monkeypatch):
+    from npu_deploy import convert
+    from npu_deploy.converters.files import onnx_model
+
+    path, _ = _inline_model(tmp_path)
+    convert(path, tmp_path / "in_place.bundle", backend="builtin")
+    monkeypatch.setattr(onnx_model, "STRIP_BYTES", 1 << 40)  # every weight parsed into the protobuf
+    convert(path, tmp_path / "whole.bundle", backend="builtin")
+    assert (tmp_path / "in_place.bundle").read_bytes() == (tmp_path / "whole.bundle").read_bytes()
+
+
+def test_large_file_that_is_not_onnx_is_still_one_clear_error(tmp_path):
+    from npu_deploy.converters.files.onnx_model import load_model
+
+    bad = tmp_path / "noise.onnx"
+    bad.write_bytes(np.random.default_rng(2).bytes(3 << 20))
+    with pytest.raises(ModelError, match="not an ONNX model"):
+        load_model(bad)
+    # a real model cut inside a weight: the scan refuses it and the normal read reports it
+    path, _ = _inline_model(tmp_path)
+    data = path.read_bytes()
+    cut = tmp_path / "cut.onnx"
+    cut.write_bytes(data[: len(data) // 2])
+    with pytest.raises(ModelError, match="not an ONNX model"):
+        load_model(cut)
