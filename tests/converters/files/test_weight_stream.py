@@ -221,3 +221,31 @@ def test_large_file_that_is_not_onnx_is_still_one_clear_error(tmp_path):
     cut.write_bytes(data[: len(data) // 2])
     with pytest.raises(ModelError, match="not an ONNX model"):
         load_model(cut)
+
+
+def test_aipp_on_a_model_whose_large_weights_stay_in_the_file(tmp_path):
+    """--insert-op-conf lowers a temporary copy of the model: its large weights (referred to in place in
+    the user's .onnx) are carried into that copy, and the bundle computes what numpy does."""
+    from npu_deploy import convert
+    from npu_deploy.converters.lowering import aipp
+    from npu_deploy.runtime.session import InferenceSession
+
+    w = np.random.default_rng(3).standard_normal((72, 4096), dtype=np.float32) * 0.05  # 1.1 MiB
+    g = helper.make_graph([helper.make_node("Relu", ["x"], ["r"]),
+                           helper.make_node("Reshape", ["r", "s"], ["f"]),
+                           helper.make_node("MatMul", ["f", "w"], ["y"])], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 4, 6])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4096])],
+                          [onnx.numpy_helper.from_array(w, "w"), onnx.numpy_helper.from_array(np.array([1, 72]), "s")])
+    src = tmp_path / "m.onnx"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)]), src)
+    cfg = tmp_path / "a.cfg"
+    aipp.write_config(cfg, [aipp.from_flags(input_format="RGB888_U8", size=(6, 4), mean=[100, 110, 120],
+                                            std=[50, 60, 70])])
+    convert(src, tmp_path / "m.bundle", backend="builtin", insert_op_conf=cfg,
+            precision_mode="must_keep_origin_dtype")
+    raw = np.arange(72, dtype=np.uint8).reshape(1, 4, 6, 3) * 3
+    with InferenceSession(tmp_path / "m.bundle") as s:
+        got = s.run(None, {"x": raw})[0]
+    x = np.maximum((raw.astype(np.float32) - [100, 110, 120]) / [50, 60, 70], 0).transpose(0, 3, 1, 2)
+    np.testing.assert_allclose(got, x.reshape(1, 72).astype(np.float32) @ w, atol=1e-3)
