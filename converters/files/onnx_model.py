@@ -364,7 +364,9 @@ def _read_model(p: Path) -> onnx.ModelProto:
         raise ModelError(f"{p}: is not a regular file (a device, pipe or socket)", hint="give an .onnx file")
     try:
         with open(p, "rb") as f:  # our own read: onnx's open refuses a non-UTF-8 file name
-            stripped = _without_large_raw_data(f, p.name)
+            # a link to a file elsewhere (a download cache's blobs): the references would point out of
+            # the model's folder, which external data may not; such a model is read whole
+            stripped = _without_large_raw_data(f, p.name) if p.resolve().parent == p.parent.resolve() else None
             model = onnx.load_model_from_string(f.read() if stripped is None else stripped)
     except OSError as e:
         raise ModelError(f"{p}: cannot read ({e.strerror})") from None
@@ -448,6 +450,8 @@ def _strip_tensor(buf, start: int, end: int, location: str) -> bytes | None:
     external = False
     for field, wt, first, vs, ve in _fields(buf, start, end):
         if field == 9 and wt == 2:
+            if raw is not None:  # repeated raw_data (the last one wins in protobuf): left to the parser
+                return None
             raw = (first, vs, ve)
         elif field == 2 and wt == 0:
             dtype = _varint(buf, vs, ve)[0]

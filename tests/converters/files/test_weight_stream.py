@@ -249,3 +249,23 @@ def test_aipp_on_a_model_whose_large_weights_stay_in_the_file(tmp_path):
         got = s.run(None, {"x": raw})[0]
     x = np.maximum((raw.astype(np.float32) - [100, 110, 120]) / [50, 60, 70], 0).transpose(0, 3, 1, 2)
     np.testing.assert_allclose(got, x.reshape(1, 72).astype(np.float32) @ w, atol=1e-3)
+
+
+def test_a_linked_inline_model_is_read_whole_and_converts(tmp_path):
+    """A model that is a symlink to a file in another folder (a download cache's blobs): references to
+    its own bytes would leave the model's folder, so it is read whole, as before."""
+    from npu_deploy import convert
+    from npu_deploy.converters.files.onnx_model import load_model
+
+    (tmp_path / "blobs").mkdir()
+    path, values = _inline_model(tmp_path / "blobs")
+    (tmp_path / "snap").mkdir()
+    link = tmp_path / "snap" / "model.onnx"
+    link.symlink_to(path)
+    loaded = load_model(link)
+    assert not any(r.external for r in loaded.constants.values())
+    convert(link, tmp_path / "linked.bundle", backend="builtin")
+    convert(path, tmp_path / "direct.bundle", backend="builtin")
+    with read_bundle(tmp_path / "linked.bundle") as a, read_bundle(tmp_path / "direct.bundle") as b:
+        for name in values:
+            np.testing.assert_array_equal(a.unpack(name), b.unpack(name))
