@@ -1,7 +1,7 @@
 """Convert benchmarks: convert memory and CPU time on a 912 MiB float32 model, and planning 2,000 nodes.
 
 Run: ``python benchmarks/bench_convert.py [--dim 8192] [--conv 2048] [--inline-dim 8192] [--out FILE]``
-(about 3-4 minutes on 2 cores; ``--skip-big`` for the planning part only)
+(about 9 minutes wall on 2 cores at load 15-20, mostly waiting; ``--skip-big`` for the planning part only)
 
 1. **Convert memory (issue 22 item 5).** The issue's case: three MatMul ``--dim``² weights and one
    ``--conv``² 3×3 Conv weight, float32 (912 MiB at the defaults), stored as ONNX external data in a
