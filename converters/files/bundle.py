@@ -208,7 +208,9 @@ def write_bundle(path: str | os.PathLike, manifest: dict, graph: onnx.ModelProto
     """Write a bundle to ``path`` atomically (temp file in the same folder, renamed on success).
 
     Weights are written one at a time in iteration order; a callable ``data`` is called only when its
-    entry is written, and its array is released right after, so at most one packed weight is held.
+    entry is written, and its array is released right after, so at most one packed weight is held. A
+    ``data`` that gives a :class:`~npu_deploy.converters.files.weight_stream.StreamedWeight` is written
+    (and checksummed) a chunk at a time: what the converter does, holding one slice of one weight.
     ``path`` is used exactly as given (no extension is added). A graph that is not self-contained
     (:func:`check_self_contained`) is refused before anything is written; a failed write (disk full)
     is an ``OutputError`` (exit 3) and leaves nothing behind.

@@ -12,7 +12,10 @@ for shapes computed in the graph, e.g. ``Shape → Reshape`` chains — onnxrunt
 zeros and on ones; shapes the runs cannot agree on depend on input *values* and are listed in
 ``data_dependent``). Which opsets and domains ATC accepts is the support check's question, not
 loading's: ``opset`` is 0 for a model importing only ``ai.onnx.ml``. Weights are never all loaded:
-``constant_array`` reads one initializer (inline or external) or one ``Constant`` node value at a time.
+``constant_array`` reads one initializer (inline or external) or one ``Constant`` node value at a time,
+``constant_view`` maps one without reading it; inline initializers of :data:`STRIP_BYTES` or more are
+not even parsed into the protobuf (they are referred to where they lie in the ``.onnx``, as external
+data is).
 
 >>> import numpy as np, onnx, tempfile, os
 >>> from onnx import helper, TensorProto
