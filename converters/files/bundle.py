@@ -96,6 +96,7 @@ from npu_deploy.converters import formats
 # no tensor of a bundle may hold more bytes than the loader allows an ONNX tensor (more than any NPU's
 # memory): checked before anything is allocated (a manifest shape [1,3,2**40,2**40] is refused here)
 from npu_deploy.converters.files.onnx_model import MAX_TENSOR_BYTES
+from npu_deploy.converters.files.weight_stream import StreamedWeight, stream_packed, write_chunks
 from npu_deploy.errors import BundleError, ModelError
 from npu_deploy._result import _jsonable as base
 
@@ -207,7 +208,9 @@ def write_bundle(path: str | os.PathLike, manifest: dict, graph: onnx.ModelProto
     """Write a bundle to ``path`` atomically (temp file in the same folder, renamed on success).
 
     Weights are written one at a time in iteration order; a callable ``data`` is called only when its
-    entry is written, and its array is released right after, so at most one packed weight is held.
+    entry is written, and its array is released right after, so at most one packed weight is held. A
+    ``data`` that gives a :class:`~npu_deploy.converters.files.weight_stream.StreamedWeight` is written
+    (and checksummed) a chunk at a time: what the converter does, holding one slice of one weight.
     ``path`` is used exactly as given (no extension is added). A graph that is not self-contained
     (:func:`check_self_contained`) is refused before anything is written; a failed write (disk full)
     is an ``OutputError`` (exit 3) and leaves nothing behind.
@@ -235,16 +238,21 @@ def _write_stream(f, manifest: dict, graph: onnx.ModelProto, weights: Iterable[W
             raise BundleError(f"weight {entry.name!r} appears twice in the bundle")
         seen.add(entry.name)
         arr = entry.data() if callable(entry.data) else entry.data
-        arr = np.ascontiguousarray(arr)
+        if not isinstance(arr, StreamedWeight):
+            arr = np.ascontiguousarray(arr)
         name_dt = dtype_name(arr.dtype)
         info = WeightInfo(entry.name, str(entry.format), tuple(int(d) for d in entry.logical_shape),
                           tuple(int(d) for d in arr.shape), _DTYPES[name_dt],
                           None if entry.c0 is None else int(entry.c0), int(entry.groups), entry.origin,
                           pos, int(arr.nbytes),
                           None if entry.onnx_shape is None else tuple(int(d) for d in entry.onnx_shape))
-        mv = memoryview(arr.reshape(-1).view(np.uint8))
-        blob_hash.update(mv)
-        f.write(mv)
+        if isinstance(arr, StreamedWeight):  # packed and written a slice at a time (converters.files.weight_stream)
+            write_chunks(f, arr, blob_hash.update)
+        else:
+            mv = memoryview(arr.reshape(-1).view(np.uint8))
+            blob_hash.update(mv)
+            f.write(mv)
+            del mv
         pad = _align(arr.nbytes) - arr.nbytes
         if pad:
             zeros = b"\0" * pad
@@ -252,7 +260,7 @@ def _write_stream(f, manifest: dict, graph: onnx.ModelProto, weights: Iterable[W
             f.write(zeros)
         pos += arr.nbytes + pad
         infos.append(info)
-        del arr, mv
+        del arr
     blob_len = pos
 
     try:
@@ -989,24 +997,25 @@ def _weight_entries(loaded, p, say) -> tuple[Iterator, set[str], set[str]]:
     return entries(), moved, removed_nodes
 
 
-def _reader(loaded, name: str, dtype) -> Callable[[], np.ndarray]:
-    def read() -> np.ndarray:
-        arr = loaded.constant_array(name)
-        return arr if dtype is None else arr.astype(dtype)
+def _reader(loaded, name: str, dtype) -> Callable[[], StreamedWeight]:
+    """An initializer moved to the blob unchanged (ND), read and written a slice at a time."""
+    def read() -> StreamedWeight | np.ndarray:
+        ref = loaded.constants[name]
+        if not ref.external:  # inline: the protobuf's copy is in memory already, and keeps its own dtype
+            arr = loaded.constant_array(name)
+            return arr if dtype is None else arr.astype(dtype)
+        return stream_packed(lambda: loaded.constant_view(name), "ND", ref.shape,
+                             ref.dtype if dtype is None else dtype)
 
     return read
 
 
-def _packer(loaded, w) -> Callable[[], np.ndarray]:
-    def pack() -> np.ndarray:
-        arr = loaded.constant_array(w.name)
-        if arr.dtype != np.dtype(w.dtype):
-            arr = arr.astype(w.dtype)
-        arr = arr.reshape(w.logical_shape)
-        kw: dict[str, Any] = {"groups": w.groups, "origin": w.origin}
-        if w.c0 is not None:
-            kw["c0"] = w.c0
-        return formats.pack(arr, w.format, **kw)
+def _packer(loaded, w) -> Callable[[], StreamedWeight]:
+    """A planned weight: cast to its device dtype and packed in its device format, a slice at a time
+    (:mod:`~npu_deploy.converters.files.weight_stream`: the same bytes as packing it whole)."""
+    def pack() -> StreamedWeight:
+        return stream_packed(lambda: loaded.constant_view(w.name), w.format, tuple(w.logical_shape), w.dtype,
+                             c0=w.c0, groups=w.groups, origin=w.origin)
 
     return pack
 
@@ -1040,9 +1049,11 @@ def lowered_graph(loaded, moved: set[str], removed_nodes: set[str]) -> onnx.Mode
 
 def _sha256(path: Path) -> str:
     h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
+    buf = bytearray(1 << 18)  # one buffer reused (f.read(n) would allocate n bytes per call)
+    view = memoryview(buf)
+    with open(path, "rb", buffering=0) as f:
+        while n := f.readinto(buf):
+            h.update(view[:n])
     return h.hexdigest()
 
 

@@ -12,7 +12,10 @@ for shapes computed in the graph, e.g. ``Shape → Reshape`` chains — onnxrunt
 zeros and on ones; shapes the runs cannot agree on depend on input *values* and are listed in
 ``data_dependent``). Which opsets and domains ATC accepts is the support check's question, not
 loading's: ``opset`` is 0 for a model importing only ``ai.onnx.ml``. Weights are never all loaded:
-``constant_array`` reads one initializer (inline or external) or one ``Constant`` node value at a time.
+``constant_array`` reads one initializer (inline or external) or one ``Constant`` node value at a time,
+``constant_view`` maps one without reading it; inline initializers of :data:`STRIP_BYTES` or more are
+not even parsed into the protobuf (they are referred to where they lie in the ``.onnx``, as external
+data is).
 
 >>> import numpy as np, onnx, tempfile, os
 >>> from onnx import helper, TensorProto
@@ -32,6 +35,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import mmap
 import os
 import tempfile
 from pathlib import Path
@@ -121,6 +125,24 @@ class LoadedModel:
         arr = numpy_helper.to_array(tensor)
         return arr.reshape(ref.shape)
 
+    @contextlib.contextmanager
+    def constant_view(self, name: str):
+        """A read-only view of constant ``name`` without reading it all: yields ``(array, release)``.
+
+        External data is memory-mapped (the file's size is checked first, so a truncated file is a
+        ``ModelError``, never a bus error); ``release()`` drops the pages read so far from this
+        process's memory (they stay in the page cache), so a caller reading the tensor in slices holds
+        one slice at a time. An inline tensor is the protobuf's own bytes (one copy of this tensor:
+        the protobuf runtime gives its bytes out as a new object); ``release()`` does nothing there.
+        The view is valid inside the ``with`` block only."""
+        ref = self.constants[name]
+        tensor = self._tensor_proto(ref)
+        if not ref.external or ref.nbytes == 0:
+            yield self.constant_array(name), (lambda: None)
+            return
+        with _mapped_external(tensor, self.path.parent, ref) as (arr, release):
+            yield arr, release
+
     def _tensor_proto(self, ref: ConstantRef) -> onnx.TensorProto:
         index = self.__dict__.get("_proto_index")
         if index is None:
@@ -162,6 +184,47 @@ def _read_external(t: onnx.TensorProto, base: Path, ref: ConstantRef) -> np.ndar
         raise ModelError(f"external data of {t.name!r} in {file} is truncated ({got} of {ref.nbytes} bytes)",
                          hint="copy the complete data file next to the model")
     return out
+
+
+@contextlib.contextmanager
+def _mapped_external(t: onnx.TensorProto, base: Path, ref: ConstantRef):
+    """``(array, release)`` over the external data of ``t``, memory-mapped read-only (see
+    :meth:`LoadedModel.constant_view`); the same checks as :func:`_read_external`."""
+    info = _external_info(t)
+    file = _external_file(base, info.get("location", ""), t.name)
+    offset = int(info.get("offset", 0))
+    length = int(info.get("length", ref.nbytes))
+    if length != ref.nbytes:
+        raise ModelError(f"external data of {t.name!r}: length {length} does not match its shape "
+                         f"{ref.shape} of {ref.dtype} ({ref.nbytes} bytes)", hint="re-export the model")
+    if offset < 0:
+        raise ModelError(f"external data of {t.name!r}: negative offset {offset}", hint="re-export the model")
+    with open(file, "rb") as f:
+        # checked on the open file: a mapping past the end would be a bus error when read, not an exception
+        size = os.fstat(f.fileno()).st_size
+        if size < offset + ref.nbytes:
+            raise ModelError(f"external data of {t.name!r} in {file} is truncated "
+                             f"({max(size - offset, 0)} of {ref.nbytes} bytes)",
+                             hint="copy the complete data file next to the model")
+        start = offset - offset % mmap.ALLOCATIONGRANULARITY
+        mm = mmap.mmap(f.fileno(), offset - start + ref.nbytes, access=mmap.ACCESS_READ, offset=start)
+    try:
+        arr = np.frombuffer(mm, dtype=ref.dtype, count=int(np.prod(ref.shape, dtype=np.int64)),
+                            offset=offset - start).reshape(ref.shape)
+
+        def release() -> None:
+            # MADV_DONTNEED on a read-only file mapping: the pages leave this process (RSS), the page
+            # cache keeps them; a later read faults them in again
+            if hasattr(mm, "madvise") and hasattr(mmap, "MADV_DONTNEED"):
+                mm.madvise(mmap.MADV_DONTNEED)
+
+        yield arr, release
+        del arr
+    finally:
+        try:
+            mm.close()
+        except BufferError:  # a view escaped the with block: the mapping closes when it is collected
+            pass
 
 
 def _external_file(base: Path, location: str, tensor: str) -> Path:
@@ -304,7 +367,10 @@ def _read_model(p: Path) -> onnx.ModelProto:
         raise ModelError(f"{p}: is not a regular file (a device, pipe or socket)", hint="give an .onnx file")
     try:
         with open(p, "rb") as f:  # our own read: onnx's open refuses a non-UTF-8 file name
-            model = onnx.load_model_from_string(f.read())
+            # a link to a file elsewhere (a download cache's blobs): the references would point out of
+            # the model's folder, which external data may not; such a model is read whole
+            stripped = _without_large_raw_data(f, p.name) if p.resolve().parent == p.parent.resolve() else None
+            model = onnx.load_model_from_string(f.read() if stripped is None else stripped)
     except OSError as e:
         raise ModelError(f"{p}: cannot read ({e.strerror})") from None
     except Exception as e:  # protobuf DecodeError, or onnx's own errors
@@ -314,6 +380,138 @@ def _read_model(p: Path) -> onnx.ModelProto:
         raise ModelError(f"{p}: not an ONNX model (no graph or IR version)",
                          hint="check the file is a complete .onnx export")
     return model
+
+
+STRIP_BYTES = 1 << 20
+"""Inline ``raw_data`` of an initializer at least this large is left in the file: the model is read
+with an external-data reference to where the bytes lie in the ``.onnx`` itself (see
+:func:`_without_large_raw_data`)."""
+
+# element types whose raw bytes are the little-endian numpy array (what constant_view maps)
+_RAW_TYPES = {1, 2, 3, 4, 5, 6, 7, 9, 10, 11, 12, 13}
+
+
+def _varint(buf, pos: int, end: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        if pos >= end or shift > 63:
+            raise ValueError("truncated or overlong varint")
+        b = buf[pos]
+        pos += 1
+        value |= (b & 0x7F) << shift
+        if b < 0x80:
+            return value, pos
+        shift += 7
+
+
+def _put_varint(value: int) -> bytes:
+    out = bytearray()
+    while True:
+        b = value & 0x7F
+        value >>= 7
+        if value:
+            out.append(b | 0x80)
+        else:
+            out.append(b)
+            return bytes(out)
+
+
+def _fields(buf, start: int, end: int):
+    """``(field, wire_type, field_start, value_start, value_end)`` of each field in ``buf[start:end]``
+    (protobuf wire format), every length bounds-checked; groups (wire types 3/4) are refused."""
+    pos = start
+    while pos < end:
+        first = pos
+        tag, pos = _varint(buf, pos, end)
+        field, wt = tag >> 3, tag & 7
+        if wt == 0:
+            _, after = _varint(buf, pos, end)
+        elif wt == 1:
+            after = pos + 8
+        elif wt == 5:
+            after = pos + 4
+        elif wt == 2:
+            n, pos = _varint(buf, pos, end)
+            after = pos + n
+        else:
+            raise ValueError(f"wire type {wt}")
+        if after > end:
+            raise ValueError("field runs past its message")
+        yield field, wt, first, pos, after
+        pos = after
+
+
+def _entry(key: str, value: str) -> bytes:
+    body = b"\x0a" + _put_varint(len(key.encode())) + key.encode() + b"\x12" + _put_varint(len(value.encode())) \
+        + value.encode()
+    return b"\x6a" + _put_varint(len(body)) + body  # field 13 (external_data), length-delimited
+
+
+def _strip_tensor(buf, start: int, end: int, location: str) -> bytes | None:
+    raw = None
+    dtype = location_kind = None
+    external = False
+    for field, wt, first, vs, ve in _fields(buf, start, end):
+        if field == 9 and wt == 2:
+            if raw is not None:  # repeated raw_data (the last one wins in protobuf): left to the parser
+                return None
+            raw = (first, vs, ve)
+        elif field == 2 and wt == 0:
+            dtype = _varint(buf, vs, ve)[0]
+        elif field == 14 and wt == 0:
+            location_kind = _varint(buf, vs, ve)[0]
+        elif field == 13:
+            external = True
+    if raw is None or raw[2] - raw[1] < STRIP_BYTES or dtype not in _RAW_TYPES or external or location_kind:
+        return None
+    first, vs, ve = raw
+    return (bytes(buf[start:first]) + bytes(buf[ve:end]) + _entry("location", location) +
+            _entry("offset", str(vs)) + _entry("length", str(ve - vs)) + b"\x70\x01")  # data_location EXTERNAL
+
+
+def _strip_graph(buf, start: int, end: int, location: str) -> bytes | None:
+    parts, done, last = [], False, start
+    for field, wt, first, vs, ve in _fields(buf, start, end):
+        if field == 5 and wt == 2:  # initializer
+            t = _strip_tensor(buf, vs, ve, location)
+            if t is not None:
+                parts += [bytes(buf[last:first]), b"\x2a", _put_varint(len(t)), t]
+                last, done = ve, True
+    if not done:
+        return None
+    parts.append(bytes(buf[last:end]))
+    return b"".join(parts)
+
+
+def _without_large_raw_data(f, location: str) -> bytes | None:
+    """The model file's bytes with every initializer's inline ``raw_data`` of :data:`STRIP_BYTES` or
+    more replaced by an external-data reference to those same bytes in the file itself (location: the
+    file's own name), or ``None`` when there is none (or the file does not parse as protobuf here: the
+    normal read then reports it). The file is memory-mapped; only the messages around the weights are
+    copied, so the protobuf in memory holds no large weight (they are read one at a time, as external
+    data is)."""
+    size = os.fstat(f.fileno()).st_size
+    try:
+        location.encode("utf-8")
+    except UnicodeEncodeError:  # a protobuf string must be UTF-8: such a file is read whole
+        return None
+    if size < STRIP_BYTES:
+        return None
+    with mmap.mmap(f.fileno(), size, access=mmap.ACCESS_READ) as mm:
+        try:
+            parts, done, last = [], False, 0
+            for field, wt, first, vs, ve in _fields(mm, 0, size):
+                if field == 7 and wt == 2:  # ModelProto.graph
+                    g = _strip_graph(mm, vs, ve, location)
+                    if g is not None:
+                        parts += [mm[last:first], b"\x3a", _put_varint(len(g)), g]
+                        last, done = ve, True
+            if not done:
+                return None
+            parts.append(mm[last:size])
+            return b"".join(parts)
+        except ValueError:
+            return None
 
 
 def _fixed_input_shapes(graph_inputs, input_shapes: dict, p: Path) -> tuple[dict, dict]:
@@ -665,16 +863,25 @@ def _checker_path(model: onnx.ModelProto, p: Path):
     a file named otherwise (``m\\xff.onnx``, read by our own code) is checked through links with plain
     names in a temporary folder: one to the model, one to each external data file it names."""
     name = str(p)
+    own = _reads_itself(model, p)
     try:
         name.encode("utf-8")
     except UnicodeEncodeError:
         pass
     else:
-        yield name
-        return
+        if not own:
+            yield name
+            return
     with tempfile.TemporaryDirectory(prefix="npu-deploy-check-") as tmp:
         link = Path(tmp) / "model.onnx"
-        link.symlink_to(p.resolve())
+        if own:  # read without its large weights (_read_model): the checker gets that protobuf, not the file
+            link = Path(tmp) / "__npu_deploy_checked__.onnx"
+            link.write_bytes(model.SerializeToString())
+            # its weights' location is the model file itself; the checker wants a regular file of that
+            # name (no symlink) and never reads it: an empty stand-in (the bounds are _check_external's)
+            (Path(tmp) / p.name).touch()
+        else:
+            link.symlink_to(p.resolve())
         for t in _external_tensors(model):
             loc = next((e.value for e in t.external_data if e.key == "location"), None)
             if not loc or os.path.isabs(loc) or ".." in Path(loc).parts:
@@ -684,6 +891,13 @@ def _checker_path(model: onnx.ModelProto, p: Path):
                 dst.parent.mkdir(parents=True, exist_ok=True)
                 dst.symlink_to((p.parent / loc).resolve())
         yield str(link)
+
+
+def _reads_itself(model: onnx.ModelProto, p: Path) -> bool:
+    """Whether some tensor's external data is the model file itself (large inline weights left in
+    place by :func:`_read_model`)."""
+    return any(e.key == "location" and e.value == p.name for t in model.graph.initializer
+               if t.data_location == onnx.TensorProto.EXTERNAL for e in t.external_data)
 
 
 def _external_tensors(model: onnx.ModelProto):

@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any, Callable, ClassVar, Mapping, Sequence
 
 import onnx
+from onnx.external_data_helper import load_external_data_for_model
 
 from npu_deploy import _io
 from npu_deploy._result import Result
@@ -215,6 +216,13 @@ def _aipp_prepended(ctx, src: Path, o: ConvertOptions, say):
         real = [i.name for i in model.graph.input if i.name not in inits]
         rec["input"] = cfg.related_input_name or real[cfg.related_input_rank]
         records.append(rec)
+    if any(t.data_location == onnx.TensorProto.EXTERNAL for t in model.graph.initializer):
+        # external data (or large weights read in place from the .onnx itself: files.onnx_model) is
+        # relative to the model's folder; the copy saved below is elsewhere: it holds the values inline
+        copy = onnx.ModelProto()
+        copy.CopyFrom(model)
+        load_external_data_for_model(copy, str(src.parent))
+        model = copy
     with tempfile.TemporaryDirectory(prefix="npu-deploy-aipp-") as tmp:
         path = Path(tmp) / src.name
         onnx.save(model, str(path))
