@@ -111,7 +111,7 @@ def run_batch(model: str | os.PathLike, inputs: Any, *, npus: int | None = None,
         return pool._run(inputs, output, max_in_flight, chunk, on_result, progress, t0, one_shot=True)
     finally:
         pool.shutdown()
-        if output is not None:  # parts of actors that died while writing (their pid names them)
+        if output is not None and pool._ray is not None:  # parts of actors that died while writing (their pid names them)
             clean_stale_parts(output)
 
 
@@ -170,7 +170,16 @@ class NpuPool:
             return 0.0
         t0 = time.perf_counter()
         self._started = connect(self.address, npus=self.npus, start_timeout=self.start_timeout)
-        self._ray = ray = import_ray()
+        self._ray = import_ray()
+        try:
+            self._start_actors(cap)
+        except BaseException:
+            self.shutdown()  # the local cluster this call started, and any actor it began
+            raise
+        return time.perf_counter() - t0
+
+    def _start_actors(self, cap: int | None) -> None:
+        ray = self._ray
         have = cluster_npus()
         if have < 1:
             raise ExternalError(f"the Ray cluster{' at ' + self.address if self.address else ''} has no NPU resource",
@@ -185,7 +194,6 @@ class NpuPool:
             self.threads = max(1, (os.cpu_count() or 1) // n)
         self._actors = _start_workers(ray, self.model, n, self.backend, self.threads,
                                       remote=self.address is not None, run_id=self._run_id)
-        return time.perf_counter() - t0
 
     def run_batch(self, inputs: Any, *, output: str | os.PathLike | None = None, max_in_flight: int | None = None,
                   chunk: int | None = None, on_result: Callable[[str, list[np.ndarray]], None] | None = None,
@@ -195,7 +203,7 @@ class NpuPool:
         try:
             return self._run(inputs, output, max_in_flight, chunk, on_result, progress, t0)
         finally:
-            if output is not None and not self._actors:  # the pool ended: parts of actors killed while writing
+            if output is not None and self._closed and self._ray is not None:  # ended: parts of killed actors
                 clean_stale_parts(output)
 
     def _run(self, inputs, output, max_in_flight, chunk, on_result, progress, t0: float, *,
