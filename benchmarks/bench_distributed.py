@@ -207,6 +207,10 @@ def bench_pool(tmp: Path, samples: int, rounds: int = 3) -> None:
             r = pool.run_batch(xs, progress=False)
             assert r.ok == samples and r.start_s == 0, r.verdict()
             repeats.append(r)
+    # the ceiling of the moment on this machine: two plain processes (no Ray), half the samples each
+    with multiprocessing.get_context("spawn").Pool(2) as procs:
+        procs.map(_half, [(str(bundle), 8)] * 2)  # start-up and warm-up, not timed
+        two = max(procs.map(_half, [(str(bundle), samples // 2)] * 2))
     load_end = os.getloadavg()
     one_wall = statistics.median(w for w, _ in singles)
     one_cpu = statistics.median(c for _, c in singles)
@@ -218,7 +222,8 @@ def bench_pool(tmp: Path, samples: int, rounds: int = 3) -> None:
           f"({(opened + one_wall) / first.call_s:.2f}x counting the session's opening); repeated calls "
           f"{rep:.2f} s = {one_wall / rep:.2f}x (rounds "
           f"{[round(w / r.call_s, 2) for (w, _), r in zip(singles[1:], repeats)]}; their own wall_s "
-          f"{statistics.median(r.wall_s for r in repeats):.2f} s)")
+          f"{statistics.median(r.wall_s for r in repeats):.2f} s); two plain processes (no Ray, the ceiling "
+          f"of the moment) {two:.2f} s = {one_wall * (samples // 2 * 2) / samples / two:.2f}x")
     print(f"pool: load average at the end {load_end[0]:.1f}/{load_end[1]:.1f}/{load_end[2]:.1f}")
 
 
