@@ -1,5 +1,9 @@
 """Benchmarks of batch inference on Ray (``npu_deploy.distributed``) and of cluster profile analysis.
 
+0. ``pool``: what a user waits, call to return: an ``NpuPool`` of 2 emulator actors x 1 thread on PP-OCR cls
+   (3,000 arrays), its first call (Ray's local start and the actors' start included) and repeated calls
+   on the live actors, against one in-process session's loop, alternated. Target (issue 22): repeated
+   calls >= 1.8x on a quiet machine. Runs before Ray is started for the others.
 1. ``throughput``: PP-OCR cls (the real model from the test cache, [1,3,48,192]) on 2 emulator actors of
    one onnxruntime thread each vs one in-process session of one thread, same samples, side by side.
    Target (issue 14): >= 1.7x. Three cases: 3,000 arrays from Python (plus two plain processes without
@@ -14,11 +18,11 @@
    processes) vs analysing one rank's rows 64 times in one process. Targets: < 2x that time, < 300 MB
    peak RSS per worker.
 
-Ray start-up and actor start-up are excluded from the timed parts (``BatchResult.wall_s`` starts once the
-actors answer) and printed apart. Figures go to ``benchmarks/README-distributed.md`` by hand, with the
+Ray start-up and actor start-up are excluded from the timed parts of 1-3 (``BatchResult.wall_s`` starts once the
+actors answer) and printed apart; ``pool`` reports them (``BatchResult.call_s``, ``start_s``). Figures go to ``benchmarks/README-distributed.md`` by hand, with the
 machine load (``os.getloadavg``) printed here.
 
-    python benchmarks/bench_distributed.py [throughput|overhead|memory|cluster ...] [--samples N]
+    python benchmarks/bench_distributed.py [pool|throughput|overhead|memory|cluster ...] [--samples N]
         [--long 20000] [--stream 100000] [--ranks 64] [--rows 100000]
 """
 
@@ -160,6 +164,69 @@ def bench_throughput(tmp: Path, samples: int, long: int) -> None:
           f"{[tuple(round(v) for v in row) for row in folder_rows]}")
 
 
+def _cpu_load() -> str:
+    cpu = next((ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name")), "?")
+    load = os.getloadavg()
+    quiet = "quiet" if load[0] < 0.5 * (os.cpu_count() or 1) else "NOT quiet"
+    return f"{cpu}, {os.cpu_count()} CPUs, load average {load[0]:.1f}/{load[1]:.1f}/{load[2]:.1f} ({quiet})"
+
+
+def bench_pool(tmp: Path, samples: int, rounds: int = 3) -> None:
+    """What a user waits, call to return: one in-process session's loop against an NpuPool's first call
+    (Ray's local start, 2 actors opening and warming up their sessions, then the run) and its repeated
+    calls on the same live actors. Side by side in one run, alternated; Ray is not started beforehand."""
+    import npu_deploy
+    from npu_deploy.runtime.distributed import NpuPool, open_session
+
+    if not CLS.is_file():
+        sys.exit(f"{CLS} missing: run the realmodel tests once (they download it)")
+    bundle = tmp / "cls-pool.bundle"
+    npu_deploy.convert(str(CLS), output=str(bundle), backend="builtin", input_shapes={"x": (1, 3, 48, 192)})
+    rng = np.random.default_rng(0)
+    xs = [rng.standard_normal((1, 3, 48, 192)).astype(np.float32) * 0.5 for _ in range(samples)]
+    print(f"pool: host {_cpu_load()} at start")
+    t, c = time.perf_counter(), time.process_time()
+    s = open_session(bundle, threads=1)
+    opened, opened_cpu = time.perf_counter() - t, time.process_time() - c
+    name = s.get_inputs()[0].name
+    s.run(None, {name: xs[0]})
+
+    def one() -> tuple[float, float]:
+        t, c = time.perf_counter(), time.process_time()
+        for x in xs:
+            s.run(None, {name: x})
+        return time.perf_counter() - t, time.process_time() - c
+
+    singles, repeats = [], []
+    with NpuPool(bundle, npus=2, threads=1) as pool:
+        singles.append(one())
+        first = pool.run_batch(xs, progress=False)
+        assert first.ok == samples, first.verdict()
+        for _ in range(rounds):
+            singles.append(one())
+            r = pool.run_batch(xs, progress=False)
+            assert r.ok == samples and r.start_s == 0, r.verdict()
+            repeats.append(r)
+    # the ceiling of the moment on this machine: two plain processes (no Ray), half the samples each
+    with multiprocessing.get_context("spawn").Pool(2) as procs:
+        procs.map(_half, [(str(bundle), 8)] * 2)  # start-up and warm-up, not timed
+        two = max(procs.map(_half, [(str(bundle), samples // 2)] * 2))
+    load_end = os.getloadavg()
+    one_wall = statistics.median(w for w, _ in singles)
+    one_cpu = statistics.median(c for _, c in singles)
+    rep = statistics.median(r.call_s for r in repeats)
+    print(f"pool PP-OCR cls, {samples} arrays, 2 emulator actors x 1 thread vs 1 in-process session x 1 thread "
+          f"(call to return, wall): session loop {one_wall:.2f} s ({samples / one_wall:.0f}/s, {one_cpu:.2f} s CPU; "
+          f"opening it {opened:.2f} s, {opened_cpu:.2f} s CPU); first pool call {first.call_s:.2f} s (start "
+          f"{first.start_s:.2f} s + run {first.wall_s:.2f} s) = {one_wall / first.call_s:.2f}x "
+          f"({(opened + one_wall) / first.call_s:.2f}x counting the session's opening); repeated calls "
+          f"{rep:.2f} s = {one_wall / rep:.2f}x (rounds "
+          f"{[round(w / r.call_s, 2) for (w, _), r in zip(singles[1:], repeats)]}; their own wall_s "
+          f"{statistics.median(r.wall_s for r in repeats):.2f} s); two plain processes (no Ray, the ceiling "
+          f"of the moment) {two:.2f} s = {one_wall * (samples // 2 * 2) / samples / two:.2f}x")
+    print(f"pool: load average at the end {load_end[0]:.1f}/{load_end[1]:.1f}/{load_end[2]:.1f}")
+
+
 def _half(args) -> float:
     bundle, n = args
     rng = np.random.default_rng(1)
@@ -278,7 +345,7 @@ def bench_cluster(tmp: Path, ranks: int, rows: int) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("what", nargs="*", default=["throughput", "overhead", "memory", "cluster"])
+    ap.add_argument("what", nargs="*", default=["pool", "throughput", "overhead", "memory", "cluster"])
     ap.add_argument("--samples", type=int, default=3000)
     ap.add_argument("--long", type=int, default=20_000, help="samples of the longer stream (0: skip it)")
     ap.add_argument("--overhead-samples", type=int, default=3000)
@@ -289,6 +356,8 @@ def main() -> None:
     print(f"machine: {platform.platform()}, {os.cpu_count()} CPUs, load average {os.getloadavg()}")
     with tempfile.TemporaryDirectory(prefix="bench-distributed-") as d:
         tmp = Path(d)
+        if "pool" in args.what:  # first: its first call starts Ray itself, as a user's does
+            bench_pool(tmp, args.samples)
         if {"throughput", "overhead", "memory"} & set(args.what):
             print(f"ray start-up (not timed below): {_ray(2):.1f} s")
         if "throughput" in args.what:

@@ -17,16 +17,16 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
+
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.append(str(REPO))  # for tests/ only: last, so the installed npu_deploy wins over the
                              # repository's partial npu_deploy/ folder (non-editable installs)
 
 from npu_deploy.converters.lowering import memory  # noqa: E402
-from npu_deploy.converters.lowering.cost import (SOC_PROFILES, OpWork, model_tensor_types,  # noqa: E402
+from npu_deploy.converters.lowering.cost import (SOC_PROFILES, OpWork,  # noqa: E402
                                         op_time_us, transdata_time_us)
-from npu_deploy.converters.lowering.memory import MemTensor, memtensors_from_graph, plan_memory  # noqa: E402
+from npu_deploy.converters.lowering.memory import MemTensor, plan_memory  # noqa: E402
 
 
 def synthetic(n: int, seed: int = 0) -> list[MemTensor]:
@@ -101,20 +101,22 @@ REAL = [
 ]
 
 
-def bench_real() -> list[dict]:
-    import onnx
+def _planned(path, shapes, soc="Ascend310P3"):
+    """The plan ``convert`` makes (built-in lowering up to the plan record)."""
+    from npu_deploy.converters.lowering import pipeline
+    from npu_deploy.converters.lowering.options import ConvertOptions
 
+    opts = ConvertOptions(backend="builtin", input_shapes=shapes, soc=soc)
+    return pipeline.lower(path, None, opts, until="plan from ONNX").plan
+
+
+def bench_real() -> list[dict]:
     from tests.conftest import real_model_path
 
     rows = []
     for name, shapes in REAL:
-        model = onnx.load(str(real_model_path(name)))
-        shp, dt = model_tensor_types(model, input_shapes=shapes)
-        inits = {i.name for i in model.graph.initializer}
-        # fp32 activations stored as fp16 on the device (ATC default force_fp16)
-        sizes = {n: int(np.prod(s, dtype=np.int64)) * (2 if dt[n].kind == "f" else dt[n].itemsize)
-                 for n, s in shp.items() if n not in inits}
-        ts = memtensors_from_graph(model.graph, sizes)
+        # the tensors the planner plans (its lifetimes, stored sizes and TransData destinations)
+        ts = _planned(real_model_path(name), shapes).memory.tensors
         t0 = time.perf_counter()
         plan = plan_memory(ts)
         dt_ms = (time.perf_counter() - t0) * 1e3
@@ -129,17 +131,14 @@ def bench_real() -> list[dict]:
 
 def bench_real_cost() -> list[dict]:
     """Whole-model baseline estimates (every op on AI Core, no TransData) on both SoCs."""
-    import onnx
-
-    from npu_deploy.converters.lowering.cost import estimate, model_ops
     from tests.conftest import real_model_path
 
     rows = []
     for name, shapes in REAL:
-        ops = model_ops(onnx.load(str(real_model_path(name))), input_shapes=shapes)
-        row = {"model": name, "ops": len(ops)}
+        row = {"model": name}
         for soc in SOC_PROFILES:
-            r = estimate(ops, [], soc)
+            r = _planned(real_model_path(name), shapes, soc=soc).cost  # the plan's own estimate
+            row["ops"] = len(r.ops)
             by_type: dict[str, float] = {}
             for o in r.ops:
                 by_type[o.op_type] = by_type.get(o.op_type, 0.0) + o.est_us
@@ -212,11 +211,8 @@ def write_fragment(path: Path, speed, real, td, gemm, real_cost=()) -> None:
     if real_cost:
         socs = list(SOC_PROFILES)
         lines += ["", "## Estimated baseline per real model (cost model, not a measurement)", "",
-                  "Every node on AI Core in fp16, no layout conversions (`estimate_model`); the "
-                  "planner adds the TransData it keeps. Same input shapes as above. No operator "
-                  "fusion is modelled: ATC fuses elementwise chains into the preceding Conv/MatMul, "
-                  "so models made of many small ops (ppocr_cls, silero_vad: launch-dominated, hence "
-                  "the small 310P3/910B difference) are overestimated most.", "",
+                  "The plan's own estimate (`Plan.cost`: the ops the planner keeps, with its "
+                  "formats, fusion and TransData). Same input shapes as above.", "",
                   "| model | nodes | " + " | ".join(f"{s} est." for s in socs)
                   + " | largest op types (310P3 share) |",
                   "|---|---:|" + "---:|" * len(socs) + "---|"]

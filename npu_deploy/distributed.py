@@ -2,6 +2,8 @@
 
 >>> from npu_deploy.distributed import run_batch        # doctest: +SKIP
 
+``NpuPool`` keeps the actors alive between batch runs (only the first call pays their start).
+
 ``NpuPredictor`` is the same worker for Ray Data's ``Dataset.map_batches``.
 
 Needs Ray: ``pip install '.[ray]'`` in the clone, not on PyPI (imported when a run starts, not here).
@@ -9,6 +11,7 @@ Needs Ray: ``pip install '.[ray]'`` in the clone, not on PyPI (imported when a r
 
 from npu_deploy.runtime.distributed import (  # noqa: F401
     BatchResult,
+    NpuPool,
     NpuPredictor,
     NpuStats,
     SampleFailure,
@@ -17,4 +20,4 @@ from npu_deploy.runtime.distributed import (  # noqa: F401
     run_batch,
 )
 
-__all__ = ["run_batch", "NpuPredictor", "BatchResult", "NpuStats", "SampleFailure", "device_id_for", "input_files"]
+__all__ = ["run_batch", "NpuPool", "NpuPredictor", "BatchResult", "NpuStats", "SampleFailure", "device_id_for", "input_files"]

@@ -56,7 +56,7 @@ from npu_deploy.runtime.backend import Backend, Gear, TensorMeta
 from npu_deploy import _io
 from npu_deploy.converters import formats
 from npu_deploy.converters.files.bundle import read_bundle
-from npu_deploy.converters.formats.graph import is_identity
+from npu_deploy.converters.formats.graph import is_identity, same_format
 from npu_deploy.runtime.executable import _fill_missing_optional_inputs
 from npu_deploy.runtime.executable import build_plan_graph
 
@@ -84,12 +84,6 @@ def _elem_dtype(elem_type: int) -> np.dtype:
     return np.dtype(helper.tensor_dtype_to_np_dtype(elem_type))
 
 
-def _same_layout(host: str, device: str) -> bool:
-    h = (host or "ND").upper()
-    d = (device or "ND").upper()
-    return h == d or d == "ND" or (h == "ND" and d in _PLAIN_4D + _PLAIN_5D + ("NC", "NCL"))
-
-
 class _Transfer:
     """How one input/output crosses the host/device boundary (layout only; dtype rounding is in the
     graph). ``None`` pack means same layout: no copy."""
@@ -99,7 +93,8 @@ class _Transfer:
         self.host_format = str(entry.get("format") or "ND")
         self.device_format = str(entry.get("device_format") or self.host_format)
         self.c0 = entry.get("c0")
-        self.identity = _same_layout(self.host_format, self.device_format)
+        # host/device boundary: a side declared ND takes the other side's plain bytes as they are
+        self.identity = same_format(self.host_format, self.device_format, nd_matches_plain=True)
         self._buffers: dict[tuple, np.ndarray] = {}
         self.origin = self.host_format if self.host_format in _PLAIN_4D + _PLAIN_5D else None
         # the lowered graph's layout when it differs from the host's (channels-last host inputs)

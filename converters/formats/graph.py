@@ -17,6 +17,7 @@ subgraph against ``formats.pack``/``unpack`` byte for byte.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 from typing import Any, Sequence
@@ -44,10 +45,47 @@ def is_identity(fmt: Any) -> bool:
     return norm_format(fmt) in IDENTITY_PLAIN
 
 
-def same_format(a: Any, b: Any) -> bool:
-    """Two format names that lay a tensor out the same way (ND, NCHW, NCDHW... all equal)."""
+def is_plain(fmt: Any) -> bool:
+    """The one "plain?" predicate: a row-major layout with no blocking or padding, as the format
+    registry says (``Format.is_plain``: ND, NCHW, NHWC, HWCN, NCDHW, NDHWC, NC, CN, NCL...). A name the
+    registry does not know is not plain.
+
+    >>> is_plain("NHWC"), is_plain("nchw"), is_plain("NC1HWC0"), is_plain("FRACTAL_Z"), is_plain("NOPE")
+    (True, True, False, False, False)
+    """
+    return _is_plain(norm_format(fmt))
+
+
+@functools.lru_cache(maxsize=512)
+def _is_plain(name: str) -> bool:
+    try:
+        return bool(formats.get_format(name).is_plain)
+    except Exception:  # an unknown format name
+        return False
+
+
+def same_format(a: Any, b: Any, *, nd_matches_plain: bool = False) -> bool:
+    """The one "same layout?" predicate: two format names that lay a tensor's bytes out the same way,
+    so converting between them moves no byte. Names compare after :func:`norm_format` (case, a
+    ``FORMAT_`` prefix, None as ND).
+
+    * Equal names, or both plain layouts in the ONNX tensor's own axis order (:data:`IDENTITY_PLAIN`:
+      ND, NCHW, NCDHW, NC, NCL all equal, whatever the rank). A channels-last layout (NHWC) is not the
+      same as NCHW or ND: converting costs a transpose. This is the rule of the plan (planner passes,
+      the plan record's contract, fusion, the emulator's buffers, ``against``).
+    * ``nd_matches_plain``: ND also matches every plain layout (:func:`is_plain`: NHWC, HWCN...). That
+      is the host/device boundary of a bundle's inputs and outputs: a side declared ND takes the
+      array's bytes as the other side lays them out (the emulator's transfers).
+
+    >>> same_format("NCHW", "ND"), same_format("NHWC", "NCHW"), same_format("FORMAT_NC1HWC0", "nc1hwc0")
+    (True, False, True)
+    >>> same_format("NHWC", "ND"), same_format("NHWC", "ND", nd_matches_plain=True)
+    (False, True)
+    """
     a, b = norm_format(a), norm_format(b)
-    return a == b or (a in IDENTITY_PLAIN and b in IDENTITY_PLAIN)
+    if a == b or (a in IDENTITY_PLAIN and b in IDENTITY_PLAIN):
+        return True
+    return nd_matches_plain and ((a == "ND" and is_plain(b)) or (b == "ND" and is_plain(a)))
 
 
 def axis_perm(src: str, dst: str) -> tuple[int, ...]:

@@ -47,12 +47,6 @@ Public API (used by the planner, the bundle manifest and the emulator's estimate
         # bytes, ...}).
     estimate(ops: list[EstimatedOp], transdata=(), soc="Ascend310P3", *, soc_profile=None,
              threshold_pct=8.0) -> CostReport
-    estimate_model(model, soc="Ascend310P3", *, input_shapes=None, dtype="float16",
-                   soc_profile=None) -> CostReport
-        # whole ONNX model (path or ModelProto), every node on AI Core, no TransData; shapes from
-        # onnx shape inference on the fixed input shapes (plus one onnxruntime run for tensors it
-        # leaves open); float tensors counted at the compute dtype (ATC's force_fp16 default).
-    model_ops(model, *, input_shapes=None, dtype="float16") -> list[EstimatedOp]
     model_tensor_types(model, *, input_shapes=None) -> (shapes, dtypes)
         # every tensor's static shape/dtype: onnx shape inference, then one onnxruntime run on
         # placeholder inputs for the tensors inference leaves unknown
@@ -1070,53 +1064,3 @@ def model_tensor_types(model, *, input_shapes: Mapping[str, Sequence[int]] | Non
     ((2, 4), 'float32')
     """
     return _complete_types(_fix_inputs(_load(model), input_shapes), only_kernels=False)
-
-
-def _device_dtypes(dtypes: dict[str, np.dtype], dtype: Any) -> dict[str, np.dtype]:
-    """Float tensors are stored in the compute dtype on the device (ATC's default force_fp16)."""
-    name = _dtype_name(dtype)
-    try:
-        if name == "bfloat16":
-            import ml_dtypes
-
-            compute = np.dtype(ml_dtypes.bfloat16)
-        else:
-            compute = np.dtype(name)
-    except TypeError:
-        return dtypes
-    if compute.kind not in "fV" or compute.itemsize not in (2, 4):
-        return dtypes
-    return {k: (compute if v.kind == "f" else v) for k, v in dtypes.items()}
-
-
-def model_ops(model, *, input_shapes: Mapping[str, Sequence[int]] | None = None,
-              dtype: Any = "float16") -> list[EstimatedOp]:
-    """One :class:`EstimatedOp` per node of an ONNX model (AI Core, compute ``dtype``).
-
-    Shapes come from onnx shape inference on the fixed input shapes; tensors it leaves unknown
-    are measured by running the model once in onnxruntime. Float tensors are counted at the size
-    of the compute dtype (fp32 models run as fp16 under ATC's default ``force_fp16``).
-    """
-    m = _fix_inputs(_load(model), input_shapes)
-    shapes, dtypes = _complete_types(m, only_kernels=True)
-    dev = _device_dtypes(dtypes, dtype)
-    return [EstimatedOp(node.name or f"{node.op_type}_{i}", node.op_type,
-                        op_work(node, shapes, dev), _dtype_name(dtype))
-            for i, node in enumerate(m.graph.node)]
-
-
-def estimate_model(model, soc: Any = "Ascend310P3", *,
-                   input_shapes: Mapping[str, Sequence[int]] | None = None, dtype: Any = "float16",
-                   soc_profile: "SocProfile | str | os.PathLike | None" = None) -> CostReport:
-    """Estimate a whole ONNX model on AI Core without layout conversions (a baseline).
-
-    >>> import onnx.helper as h
-    >>> g = h.make_graph([h.make_node("Relu", ["x"], ["y"])], "g",
-    ...                  [h.make_tensor_value_info("x", 1, [1, 64, 56, 56])],
-    ...                  [h.make_tensor_value_info("y", 1, [1, 64, 56, 56])])
-    >>> r = estimate_model(h.make_model(g), "Ascend310P3")
-    >>> r.ops[0].bytes == 2 * 64 * 56 * 56 * 2   # fp32 counted as fp16 (force_fp16)
-    True
-    """
-    return estimate(model_ops(model, input_shapes=input_shapes, dtype=dtype), (), soc,
-                    soc_profile=soc_profile)

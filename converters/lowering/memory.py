@@ -11,6 +11,10 @@ two references:
 
 A valid plan always satisfies ``lower_bound_bytes <= arena_bytes <= no_reuse_bytes``.
 
+The lifetimes come from the planner (``planner._memory_plan``: the plan's own node order, stored sizes
+and TransData destinations); ``Plan.memory`` is the :class:`MemoryPlan` itself, the bundle manifest holds
+its :meth:`MemoryPlan.summary`.
+
 Public API (used by the planner and the bundle manifest)::
 
     ALIGNMENT: int = 256
@@ -29,11 +33,6 @@ Public API (used by the planner and the bundle manifest)::
                                                   #  alignment} for the bundle manifest "memory"
         .to_dict() / .to_json() / MemoryPlan.load(...)
         bool(plan) -> True when the arena is within 1.25x the lower bound; .verdict() one line
-    memtensors_from_graph(graph: onnx.GraphProto, nbytes: Mapping[str, int]) -> list[MemTensor]
-        # activation lifetimes from node order (ONNX graphs are topologically sorted). Graph
-        # inputs live from -1, graph outputs to len(graph.node); initializers and Constant
-        # outputs are weights, not activations, and are skipped. Names missing from ``nbytes``
-        # raise InputError.
 
 Zero-byte tensors get offset 0 and a zero-size slot; they never conflict with anything.
 
@@ -59,7 +58,7 @@ import bisect
 import dataclasses
 import heapq
 import numbers
-from typing import Any, ClassVar, Mapping, Sequence
+from typing import Any, ClassVar, Sequence
 
 import numpy as np
 
@@ -397,67 +396,3 @@ def plan_memory(tensors: Sequence[MemTensor], alignment: int = ALIGNMENT) -> Mem
                       no_reuse_bytes=sum(sizes))
     plan.validate()
     return plan
-
-
-def _subgraph_inputs(node) -> set[str]:
-    """Outer-scope names read by the subgraphs of ``node`` (If/Loop/Scan bodies)."""
-    import onnx
-
-    names: set[str] = set()
-    for attr in node.attribute:
-        graphs = []
-        if attr.type == onnx.AttributeProto.GRAPH:
-            graphs = [attr.g]
-        elif attr.type == onnx.AttributeProto.GRAPHS:
-            graphs = list(attr.graphs)
-        for g in graphs:
-            for sub in g.node:
-                names.update(n for n in sub.input if n)
-                names |= _subgraph_inputs(sub)
-    return names
-
-
-def memtensors_from_graph(graph, nbytes: Mapping[str, int]) -> list[MemTensor]:
-    """Activation lifetimes of an ONNX graph in node order (ONNX requires topological order).
-
-    ``nbytes`` maps every activation name (graph inputs, node outputs) to its size in bytes on the
-    device. Graph inputs are live from step -1 (written before the first node), graph outputs to
-    step ``len(graph.node)`` (read back after the last). Initializers and ``Constant`` node outputs
-    are weights (ATC folds constants into the weight partition) and are skipped.
-
-    >>> import onnx.helper as h
-    >>> g = h.make_graph([h.make_node("Relu", ["x"], ["y"]), h.make_node("Relu", ["y"], ["z"])],
-    ...                  "g", [h.make_tensor_value_info("x", 1, [4])],
-    ...                  [h.make_tensor_value_info("z", 1, [4])])
-    >>> [(t.name, t.first_use, t.last_use) for t in memtensors_from_graph(g, dict(x=16, y=16, z=16))]
-    [('x', -1, 0), ('y', 0, 1), ('z', 1, 2)]
-    """
-    weights = {init.name for init in graph.initializer}
-    weights |= {init.values.name for init in graph.sparse_initializer}
-    # Constant nodes are weights too: ATC folds them into the weight partition.
-    weights |= {o for node in graph.node if node.op_type == "Constant" for o in node.output}
-    first: dict[str, int] = {}
-    last: dict[str, int] = {}
-    for vi in graph.input:
-        if vi.name not in weights:
-            first[vi.name] = -1
-            last[vi.name] = -1
-    for step, node in enumerate(graph.node):
-        for name in list(node.input) + sorted(_subgraph_inputs(node)):
-            if name in first:
-                last[name] = max(last[name], step)
-        for name in node.output:
-            if name and name not in first and name not in weights:
-                first[name] = step
-                last[name] = step
-    end = len(graph.node)
-    for vi in graph.output:
-        if vi.name in last:
-            last[vi.name] = end
-    out = []
-    for name, f in first.items():
-        if name not in nbytes:
-            raise InputError(f"memory plan: no size for activation {name!r}",
-                             hint="run shape inference or fix the input shapes first")
-        out.append(MemTensor(name, int(nbytes[name]), f, last[name]))
-    return out

@@ -17,6 +17,7 @@ from npu_deploy import _thresholds
 from npu_deploy.converters.lowering import ops
 from npu_deploy.errors import InputError
 from npu_deploy.converters import formats
+from npu_deploy.converters.formats.graph import is_plain as graph_is_plain, same_format
 from npu_deploy.converters.lowering.support import AI_CPU, BUILTIN, constant_tensors
 
 ND = "ND"
@@ -126,8 +127,9 @@ def rule_for(op_type: str) -> FormatRule:
 
 
 def is_plain(fmt: str) -> bool:
-    """True for the row-major layouts (ND, NCHW, NHWC as given, NCDHW…): no conversion between them."""
-    return fmt not in PRIVATE_5HD and fmt != NZ
+    """True for the row-major layouts (ND, NCHW, NHWC as given, NCDHW…): the one "plain?" predicate,
+    :func:`~npu_deploy.converters.formats.graph.is_plain` (the format registry's)."""
+    return graph_is_plain(fmt)
 
 
 def output_format(fmt: str) -> str:
@@ -536,9 +538,10 @@ class PlanState:
 
 
 def _same(a: str | None, b: str | None) -> bool:
-    if a is None or b is None:
-        return True
-    return a == b or (is_plain(a) and is_plain(b) and a not in HOST_LAYOUTS and b not in HOST_LAYOUTS)
+    """No conversion between ``a`` and ``b`` (None: no format asked for): the one "same layout?"
+    predicate, :func:`~npu_deploy.converters.formats.graph.same_format` (channels-last host layouts
+    are not the same as NCHW/ND)."""
+    return a is None or b is None or same_format(a, b)
 
 
 def _numel(shape: Sequence[int]) -> int:

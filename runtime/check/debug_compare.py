@@ -65,7 +65,7 @@ from npu_deploy._io import atomic_write, load_npz
 from npu_deploy._result import Result
 from npu_deploy._text import printable
 from npu_deploy.converters.files import dump as dumpfmt
-from npu_deploy.converters import formats
+from npu_deploy.converters.formats.graph import is_plain
 from npu_deploy.converters.files import om as omfile
 from npu_deploy.runtime.check.against import _data_edges, _source
 from npu_deploy.converters.files.bundle import read_bundle
@@ -734,7 +734,7 @@ def _map_and_compare(dt: DeviceTensor, graph: _Graph, golden: Mapping[str, np.nd
         value = np.asarray(dt.source.logical())
     except Exception as e:  # a FormatError, or a shape the format cannot hold
         raw = np.asarray(getattr(dt.source, "data", None))
-        if ref is not None and _is_plain(dt.format) and raw.size == np.size(ref):
+        if ref is not None and is_plain(dt.format) and raw.size == np.size(ref):
             # a plain layout holds the elements in logical order: only the recorded shape was wrong
             value = raw.reshape(np.shape(ref))
             row.note = "dumped logical shape unusable; raw plain data read in the golden shape"
@@ -757,13 +757,6 @@ def _map_and_compare(dt: DeviceTensor, graph: _Graph, golden: Mapping[str, np.nd
         value = value.reshape(ref.shape)
     _judge(row, ref, value, cosine_min, atol, rtol, max_outside)
     return row, value
-
-
-def _is_plain(fmt: str) -> bool:
-    try:
-        return bool(formats.get_format(fmt).is_plain)
-    except Exception:  # an unknown format name: not plain
-        return False
 
 
 def _judge(row: TensorRow, ref: np.ndarray, value: np.ndarray, cosine_min, atol, rtol, max_outside) -> None:

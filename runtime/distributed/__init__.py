@@ -23,7 +23,11 @@ This ``__init__`` is the public face; the parts live beside it, as Ray lays out 
   (``max_restarts``, ``max_task_retries=1``); the summary says which NPU was restarted.
 * **Summary.** :class:`BatchResult`: per-NPU samples, throughput and latency percentiles, stragglers (an
   NPU whose mean latency is above 1.25 times the median NPU's), failures; ``bool(result)`` is "no
-  sample failed".
+  sample failed". ``call_s`` is what the caller waited (call to return, Ray and actor
+  start included, ``start_s`` of it), ``wall_s`` the run once every actor had answered.
+* **Live actors.** :func:`run_batch` starts its actors and ends them before it returns. ``NpuPool(model,
+  npus=N)`` keeps them for repeated ``pool.run_batch(inputs)`` calls: only the first pays the start;
+  ``pool.shutdown()`` (or leaving its ``with`` block) ends them, and the local cluster it started.
 
 Inputs: a folder of ``.npy`` / ``.npz`` files (one sample each, in name order; an ``.npy`` feeds a
 one-input model, an ``.npz`` holds one member per model input, named after it), or an iterable of
@@ -51,14 +55,14 @@ Ray is an optional dependency: ``pip install '.[ray]'`` in the clone (not on PyP
 
 from npu_deploy.runtime.distributed._actor import NpuPredictor, NpuWorker, device_id_for, open_session
 from npu_deploy.runtime.distributed._driver import (ACTOR_START_TIMEOUT_S, CHUNK_BYTES, CHUNKS_IN_FLIGHT,
-                                                    LOCAL_MAX_NPUS, MAX_CHUNK, WORKER_PREFIX, chunking,
+                                                    LOCAL_MAX_NPUS, MAX_CHUNK, WORKER_PREFIX, NpuPool, chunking,
                                                     cluster_npus, local_max_npus, run_batch)
 from npu_deploy.runtime.distributed._results import BatchResult, NpuStats, SampleFailure
 from npu_deploy.runtime.distributed._ring import _Ring, attach_shared_memory
 from npu_deploy.runtime.distributed._samples import INPUT_SUFFIXES, _Writer, input_files, write_outputs
 from npu_deploy.runtime.distributed._results import _Latencies
 
-__all__ = ["run_batch", "NpuPredictor", "NpuWorker", "BatchResult", "NpuStats", "SampleFailure", "device_id_for",
+__all__ = ["run_batch", "NpuPool", "NpuPredictor", "NpuWorker", "BatchResult", "NpuStats", "SampleFailure", "device_id_for",
            "input_files", "open_session", "write_outputs", "attach_shared_memory", "chunking", "cluster_npus",
            "local_max_npus", "ACTOR_START_TIMEOUT_S", "CHUNK_BYTES", "CHUNKS_IN_FLIGHT", "LOCAL_MAX_NPUS",
            "MAX_CHUNK", "WORKER_PREFIX", "INPUT_SUFFIXES"]

@@ -1,5 +1,5 @@
 """The driver of a batch run: starts the actors, streams the samples to them, puts the outputs in place
-in input order and sums up (:func:`run_batch`)."""
+in input order and sums up (:func:`run_batch`; :class:`NpuPool` keeps the actors for the next run)."""
 
 from __future__ import annotations
 
@@ -98,57 +98,178 @@ def run_batch(model: str | os.PathLike, inputs: Any, *, npus: int | None = None,
     cluster, ``npus`` against :func:`local_max_npus`; then ``npus`` against the NPUs the cluster
     declares. No more workers start than there are samples (when their number is known).
 
+    One call starts the actors (and a local cluster) and ends them before it returns; to run several
+    batches on the same live actors, use :class:`NpuPool`. ``BatchResult.call_s`` is the time from the
+    call to its return, start included; ``wall_s`` the run once the actors answered.
+
     >>> r = run_batch("cls.bundle", [x0, x1], npus=2, on_result=print)    # doctest: +SKIP
     """
-    if npus is not None and npus < 1:
-        raise InputError(f"--npus {npus}: must be at least 1")
-    if max_in_flight is not None and max_in_flight < 1:
-        raise InputError(f"max_in_flight {max_in_flight}: must be at least 1")
-    if chunk is not None and chunk < 1:
-        raise InputError(f"chunk {chunk}: must be at least 1")
-    model = Path(model)
-    if sniff_model(model) == "onnx":  # a missing file or an ONNX model: one line here, not a dead actor later
-        raise ModelError(f"{model}: is an ONNX model; the NPU workers run converted models",
-                         hint=f"convert it first: npu-deploy convert {model} --backend builtin")
-    if output is not None and isinstance(inputs, (str, os.PathLike)) and same_file(output, inputs):
-        raise InputError(f"--output {output} is the input folder: the outputs would replace the inputs",
-                         hint="choose another --output folder")
-    total = _check_before_ray(inputs, npus, address)
-    started = connect(address, npus=npus, start_timeout=start_timeout)
-    ray = import_ray()
-    actors: list = []
-    box: list = []  # the run's _Drive, once it exists: its chunks in flight are waited for at the end
+    t0 = time.perf_counter()
+    pool = NpuPool(model, npus=npus, address=address, backend=backend, threads=threads,
+                   start_timeout=start_timeout)
     try:
+        return pool._run(inputs, output, max_in_flight, chunk, on_result, progress, t0, one_shot=True)
+    finally:
+        pool.shutdown()
+        if output is not None and pool._ray is not None:  # parts of actors that died while writing (their pid names them)
+            clean_stale_parts(output)
+
+
+class NpuPool:
+    """Live NPU actors for repeated batch runs: only the first :meth:`run_batch` (or :meth:`start`) pays
+    for starting Ray and the actors; later calls reuse them. End it with :meth:`shutdown`, or use it as
+    a context manager::
+
+        with NpuPool("cls.bundle", npus=2) as pool:                          # doctest: +SKIP
+            first = pool.run_batch(xs)           # starts Ray and 2 actors, then runs
+            again = pool.run_batch(more_xs)      # the same actors: no start
+
+    ``npus``, ``address``, ``backend``, ``threads`` and ``start_timeout`` are :func:`run_batch`'s; the
+    per-run options (``output``, ``max_in_flight``, ``chunk``, ``on_result``, ``progress``) go to
+    :meth:`run_batch`. A run with fewer samples than actors uses the first ones. An actor Ray gave up
+    on (dead after its restarts) is replaced before the next run. A run that ends with an exception
+    (an output that cannot be written, Ctrl-C, SIGTERM) ends the pool first (its actors killed, the
+    local cluster it started shut down), so nothing keeps writing after it; the next call says so.
+    """
+
+    def __init__(self, model: str | os.PathLike, *, npus: int | None = None, address: str | None = None,
+                 backend: str = "auto", threads: int | None = None, start_timeout: float | None = None):
+        if npus is not None and npus < 1:
+            raise InputError(f"--npus {npus}: must be at least 1")
+        model = Path(model)
+        if sniff_model(model) == "onnx":  # a missing file or an ONNX model: one line here, not a dead actor later
+            raise ModelError(f"{model}: is an ONNX model; the NPU workers run converted models",
+                             hint=f"convert it first: npu-deploy convert {model} --backend builtin")
+        self.model, self.npus, self.address, self.backend = model, npus, address, backend
+        self.threads, self.start_timeout = threads, start_timeout
+        self._ray = None
+        self._started = False      # this pool started Ray (and shuts it down)
+        self._actors: list = []
+        self._dead: set[int] = set()
+        self._run_id = uuid.uuid4().hex[:8]
+        self._box: list = []       # the current run's _Drive: its chunks in flight are waited for at a stop
+        self._closed = False
+
+    def __enter__(self) -> "NpuPool":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.shutdown()
+
+    @property
+    def size(self) -> int:
+        """Live actors (0 before the first start)."""
+        return len(self._actors)
+
+    def start(self, cap: int | None = None) -> float:
+        """Start Ray (unless joined or already running) and the actors, if not done yet; returns the
+        seconds it took (0.0 when the actors were already up). ``cap``: start at most this many."""
+        if self._closed:
+            raise InputError("this NpuPool was shut down", hint="make a new NpuPool")
+        if self._actors:
+            return 0.0
+        t0 = time.perf_counter()
+        self._started = connect(self.address, npus=self.npus, start_timeout=self.start_timeout)
+        self._ray = import_ray()
+        try:
+            self._start_actors(cap)
+        except BaseException:
+            self.shutdown()  # the local cluster this call started, and any actor it began
+            raise
+        return time.perf_counter() - t0
+
+    def _start_actors(self, cap: int | None) -> None:
+        ray = self._ray
         have = cluster_npus()
         if have < 1:
-            raise ExternalError(f"the Ray cluster{' at ' + address if address else ''} has no NPU resource",
+            raise ExternalError(f"the Ray cluster{' at ' + self.address if self.address else ''} has no NPU resource",
                                 hint='start it with --resources=\'{"NPU": N}\' or on Ascend hosts')
-        if npus is not None and npus > have:
-            raise InputError(f"--npus {npus}: the Ray cluster has {have} NPU{'s' if have != 1 else ''}",
+        if self.npus is not None and self.npus > have:
+            raise InputError(f"--npus {self.npus}: the Ray cluster has {have} NPU{'s' if have != 1 else ''}",
                              hint=f"ask for at most --npus {have}")
-        n = npus or have
-        if total is not None and 0 < total < n:  # an idle worker holds an NPU and a process for nothing
-            n = total
-        if threads is None and address is None and backend != "acl":
-            threads = max(1, (os.cpu_count() or 1) // n)
-        # the actors that share this process's files read the samples and write the outputs themselves
-        folder = str(inputs) if isinstance(inputs, (str, os.PathLike)) else None
-        if output is not None:
-            make_output_folder(output)
-        probes = [p for p in (folder, None if output is None else str(output)) if p is not None]
-        actors, infos = _start_workers(ray, model, n, backend, threads, remote=address is not None, probes=probes)
-        shares = _shares_files(ray, infos, probes, address)
-        local_read = [ok and folder is not None for ok in shares]
-        local_write = [ok and output is not None and on_result is None for ok in shares]
-        here = _node_id(ray)
-        ring_ok = [bool(info.get("shares_memory")) and here is not None and info.get("node") == here
-                   and not (address or "").startswith("ray://") for info in infos]
-        return _drive(ray, actors, infos, model, inputs, output, max_in_flight, chunk, on_result, progress,
-                      address, backend, local_read, local_write, ring_ok, box)
-    finally:
-        _stop(ray, actors, box, started)
-        if output is not None:  # parts of actors that died while writing (their pid names them)
-            clean_stale_parts(output)
+        n = self.npus or have
+        if cap is not None and 0 < cap < n:  # an idle worker holds an NPU and a process for nothing
+            n = cap
+        if self.threads is None and self.address is None and self.backend != "acl":
+            self.threads = max(1, (os.cpu_count() or 1) // n)
+        self._actors = _start_workers(ray, self.model, n, self.backend, self.threads,
+                                      remote=self.address is not None, run_id=self._run_id)
+
+    def run_batch(self, inputs: Any, *, output: str | os.PathLike | None = None, max_in_flight: int | None = None,
+                  chunk: int | None = None, on_result: Callable[[str, list[np.ndarray]], None] | None = None,
+                  progress: bool | Callable[[int, int | None, int], None] | None = None) -> BatchResult:
+        """:func:`run_batch` on this pool's actors (started on the first call)."""
+        t0 = time.perf_counter()
+        try:
+            return self._run(inputs, output, max_in_flight, chunk, on_result, progress, t0)
+        finally:
+            if output is not None and self._closed and self._ray is not None:  # ended: parts of killed actors
+                clean_stale_parts(output)
+
+    def _run(self, inputs, output, max_in_flight, chunk, on_result, progress, t0: float, *,
+             one_shot: bool = False) -> BatchResult:
+        if max_in_flight is not None and max_in_flight < 1:
+            raise InputError(f"max_in_flight {max_in_flight}: must be at least 1")
+        if chunk is not None and chunk < 1:
+            raise InputError(f"chunk {chunk}: must be at least 1")
+        if self._closed:
+            raise InputError("this NpuPool was shut down", hint="make a new NpuPool")
+        if output is not None and isinstance(inputs, (str, os.PathLike)) and same_file(output, inputs):
+            raise InputError(f"--output {output} is the input folder: the outputs would replace the inputs",
+                             hint="choose another --output folder")
+        total = _check_before_ray(inputs, None if self._actors else self.npus, self.address)
+        try:
+            start_s = self.start(cap=total if one_shot else None)
+            ray = self._ray
+            self._replace_dead()
+            actors = self._actors
+            if total is not None and 0 < total < len(actors):
+                actors = actors[:total]
+            # the actors that share this process's files read the samples and write the outputs themselves
+            folder = str(inputs) if isinstance(inputs, (str, os.PathLike)) else None
+            if output is not None:
+                make_output_folder(output)
+            probes = [p for p in (folder, None if output is None else str(output)) if p is not None]
+            infos = _worker_infos(ray, actors, self.model, probes)
+            shares = _shares_files(ray, infos, probes, self.address)
+            local_read = [ok and folder is not None for ok in shares]
+            local_write = [ok and output is not None and on_result is None for ok in shares]
+            here = _node_id(ray)
+            ring_ok = [bool(info.get("shares_memory")) and here is not None and info.get("node") == here
+                       and not (self.address or "").startswith("ray://") for info in infos]
+            self._box = []
+            result = _drive(ray, actors, infos, self.model, inputs, output, max_in_flight, chunk, on_result,
+                            progress, self.address, self.backend, local_read, local_write, ring_ok, self._box)
+        except BaseException:
+            self.shutdown()  # nothing may keep running (or writing) after a run that did not finish
+            raise
+        d = self._box[0]
+        self._dead = {k for k, dead in enumerate(d.dead) if dead}
+        self._box = []
+        result.start_s = start_s
+        result.call_s = time.perf_counter() - t0
+        return result
+
+    def _replace_dead(self) -> None:
+        """Actors Ray gave up on in an earlier run: killed and started afresh."""
+        if not self._dead:
+            return
+        ray = self._ray
+        for k in sorted(self._dead):
+            with contextlib.suppress(Exception):
+                ray.kill(self._actors[k], no_restart=True)
+            self._actors[k] = _start_workers(ray, self.model, 1, self.backend, self.threads,
+                                             remote=self.address is not None, run_id=uuid.uuid4().hex[:8])[0]
+        self._dead = set()
+
+    def shutdown(self) -> None:
+        """End the actors and the local Ray cluster this pool started. Safe to call more than once."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._ray is not None:
+            _stop(self._ray, self._actors, self._box, self._started)
+        self._actors = []
 
 
 def _stop(ray, actors: list, box: list, started: bool) -> None:
@@ -212,18 +333,34 @@ def _shares_files(ray, infos: list[dict], probes: list[str], address: str | None
 
 
 def _start_workers(ray, model: Path, n: int, backend: str, threads: int | None, *, remote: bool,
-                   probes: list[str] = ()):
-    run_id = uuid.uuid4().hex[:8]
+                   run_id: str) -> list:
+    """``n`` started actors, each having answered once (its session opened and warmed up)."""
     cls = ray.remote(NpuWorker)
     model_ref = ray.put(model.read_bytes()) if remote else None
     actors = [cls.options(name=f"{WORKER_PREFIX}-{run_id}-{k}", resources={"NPU": 1}, num_cpus=0,
                           max_restarts=MAX_RESTARTS, max_task_retries=1)
               .remote(str(model.resolve()), backend, threads, model_ref) for k in range(n)]
+    _ask(ray, actors, model, [a.info.remote() for a in actors])
+    return actors
+
+
+def _worker_infos(ray, actors: list, model: Path, probes: list[str]) -> list[dict]:
+    """Each actor's :meth:`NpuWorker.info` for this run's folders and a fresh shared memory probe."""
     probe = _shm_probe()
     try:
         refs = [a.info.remote(list(probes), None if probe is None else (probe.name, bytes(probe.buf[:16])))
                 for a in actors]
-        infos = ray.get(refs, timeout=ACTOR_START_TIMEOUT_S)
+        return _ask(ray, actors, model, refs)
+    finally:
+        if probe is not None:
+            probe.close()
+            probe.unlink()
+
+
+def _ask(ray, actors: list, model: Path, refs: list) -> list:
+    n = len(actors)
+    try:
+        return ray.get(refs, timeout=ACTOR_START_TIMEOUT_S)
     except ray.exceptions.GetTimeoutError:
         for a in actors:
             ray.kill(a, no_restart=True)
@@ -235,11 +372,6 @@ def _start_workers(ray, model: Path, n: int, backend: str, threads: int | None, 
         cause = _actor_cause(e)
         raise (cause if isinstance(cause, NpuDeployError) else
                ExternalError(f"an NPU worker could not open {model} ({_first_line(e)})")) from None
-    finally:
-        if probe is not None:
-            probe.close()
-            probe.unlink()
-    return actors, infos
 
 
 def _shm_probe():
@@ -475,7 +607,7 @@ class _Drive:
                     if self.exhausted and not self.finished and not self.chunk:
                         break
                     continue
-                ready, _ = self.ray.wait(list(self.pending), num_returns=1, timeout=1.0)  # a signal is seen within 1 s
+                ready = _wait_one(self.ray, list(self.pending))
                 for ref in ready:
                     self.take(ref)
         finally:  # outputs the actors wrote and that were not put in place: removed (a stopped run)
@@ -494,13 +626,29 @@ class _Drive:
             workers.append(NpuStats(worker=k, device=info["device"], node=info["node"], backend=info["backend"],
                                     samples=self.done_per[k], failed=self.failed_per[k],
                                     throughput_per_s=self.done_per[k] / wall if wall > 0 else 0.0,
-                                    latency=self.lat[k].stats(), restarted=self.restarted[k]))
+                                    latency=self.lat[k].stats(), restarted=self.restarted[k],
+                                    pid=info.get("pid")))
         _mark_stragglers(workers)
         return BatchResult(model=str(model), backend=workers[0].backend if workers else backend, address=address,
                            npus=self.n, samples=self.count, ok=self.ok, wall_s=wall,
                            throughput_per_s=self.ok / wall if wall > 0 else 0.0, max_in_flight=self.window,
                            output_dir=str(output) if output is not None else None, workers=workers,
                            failures=self.failures, warnings=self.warnings)
+
+
+def _wait_one(ray, refs: list) -> list:
+    """The refs of ``refs`` that are done, waiting at most 1 s (so a signal is seen within 1 s). A signal
+    handler that raises while Ray's compiled ``wait`` runs surfaces as a ``SystemError`` ("returned a
+    result with an exception set") caused by what the handler raised: that exception is raised instead,
+    so a SIGTERM/Ctrl-C unwinds the run as anywhere else (exit 143/130, not an internal error)."""
+    try:
+        ready, _ = ray.wait(refs, num_returns=1, timeout=1.0)
+    except SystemError as e:
+        cause = e.__cause__ or e.__context__
+        if isinstance(cause, BaseException) and not isinstance(cause, Exception):
+            raise cause from None
+        raise
+    return ready
 
 
 def _drive(ray, actors, infos, model, inputs, output, max_in_flight, chunk_size, on_result, progress, address,

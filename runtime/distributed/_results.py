@@ -43,6 +43,7 @@ class NpuStats:
     latency: LatencyStats | None = None
     restarted: bool = False
     straggler: bool = False
+    pid: int | None = None         # the actor's process (the same across the runs of one NpuPool)
 
 
 @dataclass
@@ -64,9 +65,11 @@ class BatchResult(Result):
     npus: int = 0
     samples: int = 0
     ok: int = 0
-    wall_s: float = 0.0
+    wall_s: float = 0.0               # the run, from the moment every actor had answered
     throughput_per_s: float = 0.0
     max_in_flight: int = 0
+    call_s: float = 0.0               # what the caller waited: call to return, Ray and actor start included
+    start_s: float = 0.0              # the part of call_s spent starting Ray and the actors (0: a pool's live ones)
     output_dir: str | None = None
     workers: list[NpuStats] = field(default_factory=list)
     failures: list[SampleFailure] = field(default_factory=list)
@@ -81,7 +84,9 @@ class BatchResult(Result):
     def verdict(self) -> str:
         rate = self.samples / self.wall_s if self.wall_s > 0 else 0.0
         split = f" ({'/'.join(str(w.samples + w.failed) for w in self.workers)})" if len(self.workers) > 1 else ""
-        line = f"{self.samples} samples on {self.npus} NPUs{split} in {self.wall_s:.1f} s ({rate:.1f}/s): "
+        waited = (f"; {self.call_s:.1f} s from the call, {self.start_s:.1f} s of it starting the actors"
+                  if self.start_s > 0 else "")
+        line = f"{self.samples} samples on {self.npus} NPUs{split} in {self.wall_s:.1f} s ({rate:.1f}/s{waited}): "
         if self.failures:
             first = self.failures[0]
             line += f"{len(self.failures)} failed (first: {printable(first.id)}: {printable(first.error)})"

@@ -531,6 +531,48 @@ def test_two_npus_share_even_a_small_batch_and_the_split_is_reported(cluster, ti
     assert sorted(w.samples for w in r.workers) == [100, 100], r.table()
 
 
+def test_a_pool_reuses_its_live_actors_and_reports_what_the_caller_waited(cluster, tiny, tmp_path):
+    xs, more = _samples(120, seed=11), _samples(90, seed=12)
+    with D.NpuPool(tiny, npus=NPUS) as pool:
+        assert pool.size == 0  # nothing starts before the first run
+        first = pool.run_batch(xs, progress=False)
+        got = []
+        again = pool.run_batch(more, on_result=lambda sid, outs: got.append(outs[0]), progress=False)
+        src, out = tmp_path / "in", tmp_path / "out"
+        src.mkdir()
+        for i, x in enumerate(xs[:10]):
+            np.save(src / f"{i:06d}.npy", x)
+        folder = pool.run_batch(src, output=out, progress=False)
+        assert pool.size == NPUS
+    assert first and again and folder and first.ok == 120 and again.ok == 90 and folder.ok == 10
+    # the same actor processes served every run: only the first call started them
+    pids = sorted(w.pid for w in first.workers)
+    assert None not in pids and len(set(pids)) == NPUS
+    assert sorted(w.pid for w in again.workers) == pids and sorted(w.pid for w in folder.workers) == pids
+    assert first.start_s > 0 and again.start_s == 0 and folder.start_s == 0
+    # what the caller waited holds the run and, on the first call, the start
+    assert first.call_s >= first.wall_s + first.start_s and again.call_s >= again.wall_s
+    assert "starting the actors" in first.verdict() and "starting the actors" not in again.verdict()
+    for y, want in zip(got, _single_session(tiny, more)):
+        np.testing.assert_array_equal(y, want)
+    for i in range(10):
+        np.testing.assert_array_equal(np.load(out / f"{i:06d}.npy"), _single_session(tiny, xs[:10])[i])
+    # ended: its actors are gone and it says so instead of starting new ones
+    alive = {a["name"] for a in ray.util.list_named_actors(all_namespaces=True)}
+    assert not any(n.startswith(f"{D.WORKER_PREFIX}-{pool._run_id}") for n in alive)
+    with pytest.raises(InputError, match="shut down"):
+        pool.run_batch(xs, progress=False)
+    back = BatchResult.load(json.loads(again.to_json()))
+    assert back.call_s == again.call_s and back.workers[0].pid == again.workers[0].pid
+
+
+def test_a_one_shot_run_reports_its_start_in_the_time_the_caller_waited(cluster, tiny):
+    t0 = time.perf_counter()
+    r = run_batch(tiny, _samples(20, seed=13), npus=NPUS, progress=False)
+    waited = time.perf_counter() - t0
+    assert r and r.start_s > 0 and r.wall_s + r.start_s <= r.call_s <= waited
+
+
 # last of the tests on the module's cluster: after a row raised, Ray Data 2.60 keeps one actor of the
 # pool, and its NPU, until the driver ends (the tests below start no actor there, or their own Ray)
 def test_ray_data_map_batches_runs_the_model_row_by_row(cluster, tiny):

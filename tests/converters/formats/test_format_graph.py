@@ -90,3 +90,54 @@ def test_diagonal_layouts_are_refused(fmt, shape, kw):
 
     with pytest.raises(FormatError, match="diagonal"):
         format_graph.pack_nodes(fmt, shape, "float16", "a", "b", **kw)
+
+
+# ------------------------------------------------------------------------------------------------
+# The one "same layout?" / "plain?" predicate (graph.same_format, graph.is_plain)
+
+from npu_deploy.converters.formats.graph import is_plain, same_format  # noqa: E402
+
+# (a, b, same, same at the host/device boundary): facts about the layouts, written out by hand
+SAME_LAYOUT_FACTS = [
+    ("ND", "ND", True, True),
+    ("NCHW", "ND", True, True),            # the ONNX tensor's own axis order, whatever the name
+    ("NCDHW", "NCHW", True, True),
+    ("NC", "ND", True, True),
+    ("nchw", "FORMAT_NCHW", True, True),   # spelling: case and GE's FORMAT_ prefix
+    (None, "ND", True, True),              # no format given is ND
+    ("NHWC", "NHWC", True, True),
+    ("NHWC", "NCHW", False, False),        # channels-last: converting costs a transpose
+    ("NCHW", "NHWC", False, False),
+    ("NHWC", "ND", False, True),           # an ND side takes the plain bytes as they are
+    ("ND", "HWCN", False, True),
+    ("NDHWC", "NCDHW", False, False),
+    ("NC1HWC0", "NC1HWC0", True, True),
+    ("NC1HWC0", "ND", False, False),       # blocked and padded: never the same as a plain layout
+    ("ND", "FRACTAL_NZ", False, False),
+    ("FRACTAL_Z", "NCHW", False, False),
+    ("NC1HWC0", "NC1HWC0_C04", False, False),
+]
+
+
+@pytest.mark.parametrize("a, b, same, boundary", SAME_LAYOUT_FACTS)
+def test_same_format_facts(a, b, same, boundary):
+    assert same_format(a, b) is same and same_format(b, a) is same
+    assert same_format(a, b, nd_matches_plain=True) is boundary
+    assert same_format(b, a, nd_matches_plain=True) is boundary
+
+
+def test_is_plain_is_the_registry_s_and_same_format_is_an_equivalence():
+    from npu_deploy.converters import formats
+
+    names = sorted(formats.FORMATS)
+    for n in names:
+        assert is_plain(n) is bool(formats.get_format(n).is_plain), n
+        assert is_plain(n.lower()) is is_plain(n) and is_plain(f"FORMAT_{n}") is is_plain(n)
+    assert not is_plain("NO_SUCH_FORMAT") and not same_format("NO_SUCH_FORMAT", "ND", nd_matches_plain=True)
+    # without the boundary rule: reflexive, symmetric, transitive over every registry name
+    for a in names:
+        assert same_format(a, a)
+        for b in names:
+            assert same_format(a, b) == same_format(b, a)
+            if same_format(a, b):
+                assert all(same_format(a, c) == same_format(b, c) for c in names), (a, b)

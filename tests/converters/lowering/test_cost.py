@@ -15,11 +15,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from npu_deploy.converters.lowering import pipeline
 from npu_deploy.converters.lowering.cost import (SOC_PROFILES, CostReport, EstimatedOp, EstimatedTransData,
-                                        OpWork, SocProfile, estimate, estimate_model,
-                                        get_soc_profile, model_ops, model_tensor_types, op_time_us,
-                                        op_work, transdata_time_us)
-from npu_deploy.errors import InputError
+                                        OpWork, SocProfile, estimate, get_soc_profile, model_tensor_types,
+                                        op_time_us, op_work, transdata_time_us)
+from npu_deploy.converters.lowering.options import ConvertOptions
+from npu_deploy.errors import InputError, ModelError
 
 F16 = np.dtype("float16")
 F32 = np.dtype("float32")
@@ -351,18 +352,30 @@ def test_soc_family_names():
     assert get_soc_profile("Ascend310P1") is SOC_PROFILES["Ascend310P3"]
 
 
-def test_estimate_model_counts_fp32_as_fp16_and_rejects_dynamic_inputs():
-    g = h.make_graph([h.make_node("Relu", ["x"], ["y"])], "g",
+def _planned(path, **options):
+    """The plan ``convert`` makes, with its cost estimate: the product's own path."""
+    return pipeline.lower(path, None, ConvertOptions(backend="builtin", **options), until="plan from ONNX")
+
+
+def test_the_plan_prices_fp32_as_fp16_under_force_fp16_and_refuses_dynamic_inputs(tmp_path):
+    g = h.make_graph([h.make_node("Relu", ["x"], ["y"], name="relu")], "g",
                      [h.make_tensor_value_info("x", 1, ["n", 64, 56, 56])],
                      [h.make_tensor_value_info("y", 1, ["n", 64, 56, 56])])
-    m = h.make_model(g)
-    with pytest.raises(InputError, match="dynamic"):
-        estimate_model(m)
-    r16 = estimate_model(m, input_shapes={"x": (1, 64, 56, 56)})
-    r32 = estimate_model(m, input_shapes={"x": (1, 64, 56, 56)}, dtype="float32")
-    assert r32.ops[0].bytes == 2 * r16.ops[0].bytes
-    with pytest.raises(InputError, match="unknown input"):
-        estimate_model(m, input_shapes={"z": (1,)})
+    m = h.make_model(g, opset_imports=[h.make_opsetid("", 17)])
+    m.ir_version = 8
+    onnx.save(m, tmp_path / "relu.onnx")
+    with pytest.raises(ModelError, match="dynamic"):
+        _planned(tmp_path / "relu.onnx")
+    with pytest.raises(ModelError, match="not an input"):
+        _planned(tmp_path / "relu.onnx", input_shapes={"z": (1,)})
+    n = 64 * 56 * 56
+    shape = {"x": (1, 64, 56, 56)}
+    r16 = _planned(tmp_path / "relu.onnx", input_shapes=shape).plan.cost
+    r32 = _planned(tmp_path / "relu.onnx", input_shapes=shape, precision_mode="must_keep_origin_dtype").plan.cost
+    (o16,), (o32,) = r16.ops, r32.ops
+    assert o32.bytes == 2 * n * 4            # fp32 in and out
+    assert o16.bytes == n * 4 + n * 2        # the fed fp32 input, an fp16 output (force_fp16)
+    assert 0 < o16.est_us < o32.est_us and r16.formattrans_share == 0.0
 
 
 # ------------------------------------------------------------------------------------------------
@@ -381,28 +394,43 @@ REAL = [
 @pytest.mark.parametrize("name, shapes", REAL)
 @pytest.mark.slow
 def test_real_model_ops_all_estimated(real_model, name, shapes):
-    model = onnx.load(str(real_model(name)))
-    ops = model_ops(model, input_shapes=shapes)
-    assert len(ops) == len(model.graph.node)
-    for soc in SOC_PROFILES:
-        r = estimate(ops, [], soc)
+    path = real_model(name)
+    socs = list(SOC_PROFILES) if name != "minilm" else ["Ascend310P3"]  # minilm: 69 MB, planned once
+    by_soc = {soc: _planned(path, input_shapes=shapes, soc=soc) for soc in socs}
+    for soc, ctx in by_soc.items():
+        plan, graph = ctx.plan, ctx.loaded.model.graph
+        r = plan.cost
+        assert r is not None and r.soc == soc
+        assert plan.report.to_dict()["cost"]["total_us"] == pytest.approx(r.total_us)  # the record's totals
         for o in r.ops:
             assert math.isfinite(o.est_us) and o.est_us >= 0, o
         kernels = [o for o in r.ops if o.unit != "none"]
         assert kernels and all(o.est_us >= SOC_PROFILES[soc].launch_us for o in kernels)
-        assert r.formattrans_share == 0.0 and bool(r)
+        assert r.compute_us == pytest.approx(sum(o.est_us for o in r.ops))
+        # every node of the graph is priced, or left out for a reason the plan records
+        folded = {k for k, rec in plan.node_formats.items() if rec.folded}
+        fused = set(plan.fused)
+        estimated = {o.name for o in r.ops}
+        for node in graph.node:
+            if node.name in estimated or node.name in folded or any(t in fused for t in node.input):
+                continue
+            raise AssertionError(f"{node.name} ({node.op_type}) neither estimated, folded nor fused")
     if name == "minilm":
         return  # the cross-check below runs the 69 MB model again; the CNNs cover it
     # cube work is where the model's arithmetic is: cross-check MatMul/Gemm against shapes
-    # measured with onnxruntime where shape inference left them open
-    shp, _ = model_tensor_types(model, input_shapes=shapes)
-    by_name = {o.name: o for o in ops}
-    for i, node in enumerate(model.graph.node):
-        if node.op_type in ("MatMul", "Gemm"):
+    # measured with onnxruntime where shape inference left them open (not the planner's shapes)
+    ctx = by_soc["Ascend310P3"]
+    shp, _ = model_tensor_types(ctx.loaded.model, input_shapes=shapes)
+    by_name = {o.name: o for o in ctx.plan.cost.ops}
+    checked = 0
+    for node in ctx.loaded.model.graph.node:
+        if node.op_type in ("MatMul", "Gemm") and node.name in by_name:
             a, y = shp[node.input[0]], shp[node.output[0]]
             k = a[0] if node.op_type == "Gemm" and any(
                 at.name == "transA" and at.i for at in node.attribute) else a[-1]
-            assert by_name[node.name or f"{node.op_type}_{i}"].work.flops >= 2 * np.prod(y) * k
+            assert by_name[node.name].flops >= 2 * np.prod(y) * k
+            checked += 1
+    assert checked or not any(n.op_type in ("MatMul", "Gemm") for n in ctx.loaded.model.graph.node)
 
 
 # ------------------------------------------------------------------------------------------------

@@ -10,8 +10,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from npu_deploy.converters.lowering.memory import (MemoryPlan, MemTensor, lower_bound, memtensors_from_graph,
-                                          plan_memory)
+from npu_deploy.converters.lowering import pipeline
+from npu_deploy.converters.lowering.memory import MemoryPlan, MemTensor, lower_bound, plan_memory
+from npu_deploy.converters.lowering.options import ConvertOptions
 from npu_deploy.errors import InputError, InternalError
 
 ALIGN = 256
@@ -245,16 +246,27 @@ def _graph_with_subgraph():
                         [h.make_tensor_value_info("y", 1, [4])])
 
 
-def test_lifetimes_from_graph_follow_subgraph_reads():
+def _planned(path, **options):
+    """The plan ``convert`` makes (the built-in lowering up to its plan record): the product's own path."""
+    return pipeline.lower(path, None, ConvertOptions(backend="builtin", **options), until="plan from ONNX")
+
+
+def test_lifetimes_of_the_plan_follow_subgraph_reads(tmp_path):
     g = _graph_with_subgraph()
-    ts = {t.name: t for t in memtensors_from_graph(g, dict.fromkeys("xabcdy", 16) | {"cond": 1})}
+    for k, n in enumerate(g.node):
+        n.name = f"n{k}"
+    m = h.make_model(g, opset_imports=[h.make_opsetid("", 17)])
+    m.ir_version = 8
+    onnx.save(m, tmp_path / "if.onnx")
+    ts = {t.name: t for t in _planned(tmp_path / "if.onnx").plan.memory.tensors}
+    assert set(ts) == set("xabcdy") | {"cond"}   # no TransData on a plain graph
     assert (ts["x"].first_use, ts["x"].last_use) == (-1, 1)
     assert (ts["a"].first_use, ts["a"].last_use) == (0, 3)   # read inside the If branches
     assert (ts["cond"].first_use, ts["cond"].last_use) == (-1, 3)
     assert (ts["c"].first_use, ts["c"].last_use) == (2, 4)
     assert (ts["y"].first_use, ts["y"].last_use) == (4, 5)   # graph output lives to the end
-    with pytest.raises(InputError, match="no size"):
-        memtensors_from_graph(g, {"x": 16})
+    # sizes: 4 float32 elements fed (16 bytes), fp16 on the device after (force_fp16), one bool
+    assert ts["x"].nbytes == 16 and ts["a"].nbytes == ts["y"].nbytes == 8 and ts["cond"].nbytes == 1
 
 
 @pytest.mark.realmodel
@@ -263,26 +275,37 @@ def test_lifetimes_from_graph_follow_subgraph_reads():
     ("silero_vad", {"input": (1, 576), "h": (1, 1, 128), "c": (1, 1, 128)}),
 ])
 def test_real_model_activations(real_model, name, shapes):
-    import numpy as np
-
-    from npu_deploy.converters.lowering.cost import model_tensor_types
-
-    model = onnx.load(str(real_model(name)))
-    shp, dt = model_tensor_types(model, input_shapes=shapes)
-    inits = {i.name for i in model.graph.initializer}
-    sizes = {n: int(np.prod(s, dtype=np.int64)) * dt[n].itemsize for n, s in shp.items()
-             if n not in inits}
-    ts = memtensors_from_graph(model.graph, sizes)
-    names = {t.name for t in ts}
-    produced = {o for n in model.graph.node if n.op_type != "Constant" for o in n.output if o}
-    constants = {o for n in model.graph.node if n.op_type == "Constant" for o in n.output}
-    assert names == produced | {i.name for i in model.graph.input if i.name not in inits}
-    assert not names & constants   # Constant outputs are weights, not activations
-    plan = plan_memory(ts)
-    assert brute_force_conflicts(ts, plan.offsets) == []
-    assert plan.lower_bound_bytes <= plan.arena_bytes <= plan.no_reuse_bytes
-    # a real CNN/RNN graph is mostly a chain: reuse must save most of the memory
-    assert plan.arena_bytes < 0.5 * plan.no_reuse_bytes
+    ctx = _planned(real_model(name), input_shapes=shapes)
+    graph, plan = ctx.loaded.model.graph, ctx.plan
+    mem = plan.memory
+    ts = mem.tensors
+    trans = {t.name for t in ts if ":" in t.name}   # "<TransData>:<tensor>": a conversion's destination
+    names = {t.name for t in ts} - trans
+    inits = {i.name for i in graph.initializer}
+    constants = {o for n in graph.node if n.op_type == "Constant" for o in n.output}
+    produced = {o for n in graph.node for o in n.output if o}
+    assert names <= produced | {i.name for i in graph.input}
+    assert not names & (constants | inits)   # weights are not activations
+    assert {i.name for i in graph.input if i.name not in inits} <= names
+    assert {o.name for o in graph.output} <= names
+    # lifetimes against the graph itself: from the producing node (-1: fed) to the last reader
+    # (len(nodes): read back as an output); folded nodes read nothing
+    index = {n.name: k for k, n in enumerate(graph.node)}
+    folded = {k for k, rec in plan.node_formats.items() if rec.folded}
+    prod = {o: index[n.name] for n in graph.node for o in n.output}
+    for t in ts:
+        if t.name in trans:
+            continue
+        assert t.first_use == prod.get(t.name, -1), t
+        readers = [index[n.name] for n in graph.node if t.name in n.input and n.name not in folded]
+        end = len(graph.node) if t.name in {o.name for o in graph.output} else max(readers, default=t.first_use)
+        assert t.last_use >= end, t
+    assert brute_force_conflicts(ts, mem.offsets) == []
+    assert mem.lower_bound_bytes <= mem.arena_bytes <= mem.no_reuse_bytes
+    assert mem.summary() == plan.to_manifest()["memory"]   # the record holds the totals of this very plan
+    assert mem, mem.verdict()   # within 1.25x the lower bound
+    if name == "ppocr_cls":  # a CNN is mostly a chain: reuse must save most of the memory (silero_vad's
+        assert mem.arena_bytes < 0.5 * mem.no_reuse_bytes   # top level is If bodies, sized at run time)
 
 
 def test_other_orders_are_kept_when_better():
