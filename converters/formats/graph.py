@@ -2,7 +2,7 @@
 
 The same pattern interpreter that ``formats.pack`` runs in numpy (pad each left-hand group to its
 block product, split, permute, merge) is spelled here as ONNX nodes: ``Pad`` → ``Reshape`` →
-``Transpose`` → ``Reshape`` per stage, after the rank expansion and the axis permutation of the
+``Transpose`` → ``Reshape`` per stage (the last ``Reshape`` left out where the permuted shape already is the storage shape), after the rank expansion and the axis permutation of the
 entry's layout; unpack is the exact inverse (``Reshape`` → ``Transpose`` → ``Reshape`` → ``Slice``).
 Nothing here knows a format by name: a format the registry can lay out is lowered the same way
 (diagonal patterns, C1HWNCoC0's, are refused). The emulator uses it to run a plan's TransData and
@@ -12,7 +12,7 @@ subgraph against ``formats.pack``/``unpack`` byte for byte.
 >>> import numpy as np, onnx
 >>> nodes, inits = pack_nodes("NC1HWC0", (1, 3, 2, 2), "float32", "x", "y", prefix="p")
 >>> [n.op_type for n in nodes]
-['Pad', 'Reshape', 'Transpose', 'Reshape']
+['Pad', 'Reshape', 'Transpose']
 """
 
 from __future__ import annotations
