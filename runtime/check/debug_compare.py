@@ -65,7 +65,7 @@ from npu_deploy._io import atomic_write, load_npz
 from npu_deploy._result import Result
 from npu_deploy._text import printable
 from npu_deploy.converters.files import dump as dumpfmt
-from npu_deploy.converters.formats.graph import is_plain
+from npu_deploy.converters.formats.graph import axis_perm, is_plain
 from npu_deploy.converters.files import om as omfile
 from npu_deploy.runtime.check.against import _data_edges, _source
 from npu_deploy.converters.files.bundle import read_bundle
@@ -735,8 +735,8 @@ def _map_and_compare(dt: DeviceTensor, graph: _Graph, golden: Mapping[str, np.nd
     except Exception as e:  # a FormatError, or a shape the format cannot hold
         raw = np.asarray(getattr(dt.source, "data", None))
         if ref is not None and is_plain(dt.format) and raw.size == np.size(ref):
-            # a plain layout holds the elements in logical order: only the recorded shape was wrong
-            value = raw.reshape(np.shape(ref))
+            # a plain layout holds the elements in its own axis order: only the recorded shape was wrong
+            value = _in_golden_layout(raw, dt.format, np.shape(ref))
             row.note = "dumped logical shape unusable; raw plain data read in the golden shape"
         else:
             row.compared, row.passed = False, False
@@ -754,9 +754,24 @@ def _map_and_compare(dt: DeviceTensor, graph: _Graph, golden: Mapping[str, np.nd
             row.passed = False
             row.reason = f"shape {tuple(value.shape)} != golden {tuple(ref.shape)}"
             return row, value
-        value = value.reshape(ref.shape)
+        value = _in_golden_layout(value, dt.format, ref.shape)
     _judge(row, ref, value, cosine_min, atol, rtol, max_outside)
     return row, value
+
+
+# channel-last plain layouts a dump may record, and the ONNX (channel-first) order of the same axes
+_CHANNEL_FIRST_OF = {"NHWC": "NCHW", "NDHWC": "NCDHW", "NWC": "NCW"}
+
+
+def _in_golden_layout(value: np.ndarray, fmt: str, golden_shape) -> np.ndarray:
+    """``value`` (elements in ``fmt``'s axis order) as an array of the golden tensor's shape: a
+    channel-last dump of a channel-first ONNX tensor is transposed, anything else reshaped (same order)."""
+    golden_shape = tuple(golden_shape)
+    onnx_layout = _CHANNEL_FIRST_OF.get(fmt)
+    if onnx_layout is not None and len(golden_shape) == len(fmt):
+        stored_shape = tuple(golden_shape[k] for k in axis_perm(onnx_layout, fmt))
+        return np.asarray(value).reshape(stored_shape).transpose(axis_perm(fmt, onnx_layout))
+    return np.asarray(value).reshape(golden_shape)
 
 
 def _judge(row: TensorRow, ref: np.ndarray, value: np.ndarray, cosine_min, atol, rtol, max_outside) -> None:

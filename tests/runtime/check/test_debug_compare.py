@@ -305,3 +305,27 @@ def test_first_nan_inf_in_an_overflowing_light_cnn(tmp_path):
     assert res.first_nan_inf is not None and res.first_nan_inf["node"] == first
     assert res.first_nan_inf["overflow"]
     assert "first NaN/Inf" in res.verdict() and not res
+
+
+def test_channel_last_dump_is_compared_in_the_onnx_axis_order(tmp_path):
+    """A dump recorded as NHWC holds the ONNX (NCHW) tensor's elements in NHWC order: compared after a
+    transpose, not a reshape (which would scramble it); the same data reshaped would fail."""
+    src = small_model(tmp_path)
+    x = np.random.default_rng(0).standard_normal((1, 3, 8, 8)).astype(np.float32)
+    gold = plain_golden(src, {"x": x}, ["c", "r", "m", "y"])
+    d = tmp_path / "dump"
+    d.mkdir()
+    for k, (typ, name, t) in enumerate([("Conv2D", "conv", "c"), ("Relu", "relu", "r"), ("Mul", "scale", "m"),
+                                        ("Sigmoid", "sig", "y")]):
+        nhwc = np.ascontiguousarray(gold[t].transpose(0, 2, 3, 1))
+        outs = [dumpfmt.DumpTensor.from_logical(nhwc, "NHWC", original_name=name, original_index=0)]
+        dumpfmt.write_dump(d / dumpfmt.dump_file_name(typ, name, k + 1, 0, 1000 + k), op_name=name,
+                           inputs=[], outputs=outs)
+    res = debug_compare(src, d, inputs={"x": x})
+    rows = {r.op: r for r in res.rows}
+    assert {rows[n].tensor for n in ("conv", "relu", "scale", "sig")} == {"c", "r", "m", "y"}
+    assert all(rows[n].compared and rows[n].passed for n in ("conv", "relu", "scale", "sig")), res.to_text()
+    assert res
+    # the oracle that the order matters here: the NHWC bytes read in NCHW order are far off
+    scrambled = gold["c"].transpose(0, 2, 3, 1).reshape(gold["c"].shape)
+    assert cosine(scrambled, gold["c"]) < 0.9
