@@ -2,9 +2,9 @@
  *
  * npd_csv_scan() walks complete records of an RFC 4180 byte buffer (comma separator, '"' quoting with
  * "" as an escaped quote, LF or CRLF record ends, line breaks allowed inside quoted fields) and copies
- * only the fields whose column is marked in `keep` into `out`: the kept fields of one record joined by
- * 0x1F, plus one empty field when `pad` is set, and the record closed by 0x1E. Python then makes the
- * records with two str.split calls, so the skipped columns never become Python objects.
+ * only the fields whose column is marked in `keep` into `out`, each closed by 0x1F, plus one empty field
+ * when `pad` is set: every record gives the same number of fields. Python then makes the records with
+ * one str.split and zip, so the skipped columns never become Python objects.
  *
  * It handles only the plain case and stops *before* any record that is not plain, so that the caller
  * reads that one record with the csv module and gets exactly its result (the same row, the same error,
@@ -49,6 +49,26 @@ static void init_cls(void) {
     cls_ready = 1;
 }
 
+/* First position at or after j whose byte is not plain (cls != 0), or len. Eight bytes at a time where
+   the compiler says the machine is little-endian: every special byte is below 0x2D, and the lowest byte
+   flagged by the "has a byte below n" word test is always a true one (the borrow only runs upward), so
+   a flagged byte that is not special (a TAB, a space) is stepped over and the scan goes on. */
+static inline int64_t scan_plain(const unsigned char *buf, int64_t j, int64_t len) {
+#if defined(__GNUC__) && defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+    while (j + 8 <= len) {
+        uint64_t x;
+        memcpy(&x, buf + j, 8);
+        uint64_t t = (x - 0x2D2D2D2D2D2D2D2DULL) & ~x & 0x8080808080808080ULL;
+        if (!t) { j += 8; continue; }
+        j += __builtin_ctzll(t) >> 3;
+        if (cls[buf[j]]) return j;
+        j++;
+    }
+#endif
+    while (j < len && cls[buf[j]] == 0) j++;
+    return j;
+}
+
 int npd_csv_scan(const unsigned char *buf, int64_t len, int at_eof, int ncols, const unsigned char *keep,
                  int pad, int64_t max_field, unsigned char *out, int64_t out_cap, int64_t *line_of_row,
                  int64_t max_rows, int64_t *state) {
@@ -58,6 +78,8 @@ int npd_csv_scan(const unsigned char *buf, int64_t len, int at_eof, int ncols, c
     int64_t first_line = 0;
     int status = 0;
     if (ncols <= 0 || pos < 0 || pos > len) return 1;
+    int last_kept = -1;
+    for (int c = 0; c < ncols; c++) if (keep[c]) last_kept = c;
     while (pos < len) {
         /* blank lines: no row */
         if (buf[pos] == '\n') { pos++; lines++; if (rows) consecutive = 0; continue; }
@@ -70,6 +92,31 @@ int npd_csv_scan(const unsigned char *buf, int64_t len, int at_eof, int ncols, c
         int64_t p = pos, o0 = o, breaks = 0;
         int field = 0, done = 0, bad = 0, need_more = 0;
         while (!done) {
+            if (field == last_kept + 1) {
+                /* Only skipped columns are left (the PMU counters of a wide table): when the rest of the
+                   line has no quote, CR or NUL and is not longer than one field may be, it is plain; just
+                   count its separators (a loop the compiler vectorises). Otherwise field by field. */
+                const unsigned char *nl = memchr(buf + p, '\n', (size_t)(len - p));
+                if (nl) {
+                    int64_t e = (int64_t)(nl - buf), end = e;
+                    if (end > p && buf[end - 1] == '\r') end--;
+                    if (end - p <= max_field) {
+                        int64_t commas = 0;
+                        unsigned odd = 0;
+                        for (int64_t j = p; j < end; j++) {
+                            unsigned char c = buf[j];
+                            commas += c == ',';
+                            odd |= (unsigned)(c == '"') | (unsigned)(c == '\r') | (unsigned)(c == 0);
+                        }
+                        if (!odd) {
+                            if (commas != ncols - field - 1) bad = 1;
+                            field = ncols;
+                            p = e + 1;
+                            break;
+                        }
+                    }
+                }
+            }
             int k = keep[field];
             int64_t fstart = p;
             if (p < len && buf[p] == '"') {
@@ -119,7 +166,7 @@ int npd_csv_scan(const unsigned char *buf, int64_t len, int at_eof, int ncols, c
             } else {
                 int64_t j = p;
                 for (;;) {
-                    while (j < len && cls[buf[j]] == 0) j++;
+                    j = scan_plain(buf, j, len);
                     if (j < len && cls[buf[j]] == 6 && !k) { j++; continue; }  /* 0x1E/0x1F, skipped field */
                     break;
                 }
@@ -157,13 +204,10 @@ int npd_csv_scan(const unsigned char *buf, int64_t len, int at_eof, int ncols, c
         if (status == 2) { o = o0; break; }
         if (need_more && !bad) { o = o0; break; }
         if (bad || field != ncols) { o = o0; status = 1; break; }
-        /* close the record: the last 0x1F becomes the pad field's separator or the record end */
+        /* every kept field is closed by 0x1F; so is the empty pad field */
         if (pad) {
             if (o + 1 > out_cap) { o = o0; status = 2; break; }
-            out[o++] = 0x1E;
-        } else {
-            if (o > o0) o--;          /* drop the trailing 0x1F */
-            out[o++] = 0x1E;
+            out[o++] = 0x1F;
         }
         lines += 1 + breaks;
         if (rows == 0) first_line = lines;

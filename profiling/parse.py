@@ -27,6 +27,7 @@ from __future__ import annotations
 import csv
 import ctypes
 import heapq
+import itertools
 import json
 import operator
 import os
@@ -438,28 +439,26 @@ class CsvOpStream(TableStream):
         b = self._batch
         if b is None:
             return self._line
-        it, n, first, lines = b
-        k = n - it.__length_hint__() - 1      # the record last handed out (no per-record bookkeeping)
-        return first + k if lines is None else lines[k]
+        it, total, k, first, lines = b
+        j = (total - it.__length_hint__()) // k - 1   # the record last handed out, from the cells left
+        return first + j if lines is None else lines[j]
 
-    def __iter__(self) -> Iterator[list]:
+    def __iter__(self) -> Iterator[tuple]:
         fn = _csv_kernel()
         if fn is None:
             return self._iter_csv()
-        return self._iter_kernel(fn)
+        # chain pulls the records of each block straight from its zip: no Python frame per record
+        return itertools.chain.from_iterable(self._kernel_blocks(fn))
 
-    def _compact(self, row: list) -> list:
-        out = [row[c] for c in self._kept]
-        if self._pad:
-            out.append("")
-        return out
+    def _compact(self, row: list) -> tuple:
+        return (*(row[c] for c in self._kept), *(("",) if self._pad else ()))
 
-    def _iter_csv(self) -> Iterator[list]:
+    def _iter_csv(self) -> Iterator[tuple]:
         """The reference reader: the ``csv`` module, every row then cut to the kept columns."""
         ncols = self.ncols
         skip = self.skip
         get = operator.itemgetter(*self._kept)
-        pad = [""] if self._pad else []
+        pad = ("",) if self._pad else ()
         self._batch = None
         with _open_text(self.path) as f:
             reader = csv.reader(f)
@@ -472,7 +471,7 @@ class CsvOpStream(TableStream):
                     for row in reader:
                         if len(row) == ncols:
                             self._line = reader.line_num
-                            yield [*get(row), *pad]
+                            yield get(row) + pad
                         elif row:
                             skip(f"{len(row)} fields, header has {ncols}", reader.line_num)
                     break
@@ -480,17 +479,21 @@ class CsvOpStream(TableStream):
                     skip(f"malformed CSV: {str(e)[:60]}", reader.line_num)
             self._line = reader.line_num
 
-    def _iter_kernel(self, fn) -> Iterator[list]:
-        """The compiled extractor over 1 MiB blocks of bytes; one record at a time through the ``csv``
-        module wherever it stops (the header, and any record it does not call plain)."""
+    def _kernel_blocks(self, fn) -> Iterator[Iterator[tuple]]:
+        """Iterables of records: the compiled extractor's over 1 MiB blocks of bytes, and one record at a
+        time from the ``csv`` module wherever it stops (the header, and any record it does not call
+        plain)."""
         ncols = self.ncols
-        keep_mask = bytes(1 if c in set(self._kept) else 0 for c in range(ncols))
+        kept = set(self._kept)
+        keep_mask = bytes(1 if c in kept else 0 for c in range(ncols))
         pad = 1 if self._pad else 0
+        k = len(self._kept) + pad
         max_field = csv.field_size_limit()
         src = _ByteLines(self.path)
         state = (ctypes.c_int64 * 6)()
-        out_cap = _CSV_BLOCK
+        out_cap = 2 * _CSV_BLOCK
         out = ctypes.create_string_buffer(out_cap)
+        out_view = memoryview(out).cast("B")
         max_rows = _CSV_BLOCK // 16
         row_lines = (ctypes.c_int64 * max_rows)()
         self._batch = None
@@ -508,34 +511,19 @@ class CsvOpStream(TableStream):
                 src.lines = state[1]
                 n = state[2]
                 if n:
-                    recs = ctypes.string_at(out, state[3]).decode("utf-8", "replace").split("\x1e")
-                    recs.pop()
-                    rows = [r.split("\x1f") for r in recs]
-                    it = iter(rows)
-                    self._batch = (it, n, state[5], None if state[4] else row_lines[:n])
-                    yield from it
+                    cells = str(out_view[:state[3]], "utf-8", "replace").split("\x1f")
+                    cells.pop()                         # after the last 0x1F
+                    it = iter(cells)
+                    self._batch = (it, n * k, k, state[5], None if state[4] else row_lines[:n])
+                    yield zip(*[it] * k)
                     self._batch = None
                 self._line = src.lines
-                if status == 1:
-                    rec = self._slow_record(src)
-                    if rec is None:
-                        return
-                    row, err, line = rec
-                    self._line = line
-                    if err is not None:
-                        self.skip(f"malformed CSV: {str(err)[:60]}", line)
-                    elif len(row) == ncols:
-                        yield self._compact(row)
-                    elif row:
-                        self.skip(f"{len(row)} fields, header has {ncols}", line)
-                elif status == 2:
+                if status == 2:
                     if n == 0:                          # one record larger than the output block
                         out_cap *= 2
                         out = ctypes.create_string_buffer(out_cap)
-                elif src.eof:
-                    if src.pos >= len(src.buf):
-                        return
-                    # the kernel consumed nothing more at the end: let the csv module have the rest
+                        out_view = memoryview(out).cast("B")
+                elif status == 1 or (src.eof and src.pos < len(src.buf)):
                     rec = self._slow_record(src)
                     if rec is None:
                         return
@@ -544,9 +532,11 @@ class CsvOpStream(TableStream):
                     if err is not None:
                         self.skip(f"malformed CSV: {str(err)[:60]}", line)
                     elif len(row) == ncols:
-                        yield self._compact(row)
+                        yield (self._compact(row),)
                     elif row:
                         self.skip(f"{len(row)} fields, header has {ncols}", line)
+                elif src.eof:
+                    return
                 else:
                     src.more()
         finally:
@@ -639,7 +629,7 @@ def _csv_kernel():
         if _csvk["status"] == "not loaded":
             try:
                 path, seconds = _cbuild.build(Path(__file__).resolve().with_name("_csvscan.c"), "csvscan",
-                                              ["-O2", "-shared", "-fPIC", "-std=c99"])
+                                              ["-O3", "-shared", "-fPIC", "-std=c99"])
                 fn = ctypes.CDLL(path).npd_csv_scan
                 p64 = ctypes.POINTER(ctypes.c_int64)
                 fn.argtypes = [ctypes.c_char_p, ctypes.c_int64, ctypes.c_int, ctypes.c_int, ctypes.c_char_p,
