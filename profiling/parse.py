@@ -494,7 +494,7 @@ class CsvOpStream(TableStream):
         out_cap = 2 * _CSV_BLOCK
         out = ctypes.create_string_buffer(out_cap)
         out_view = memoryview(out).cast("B")
-        max_rows = _CSV_BLOCK // 16
+        max_rows = max(16, _CSV_BLOCK // 16)
         row_lines = (ctypes.c_int64 * max_rows)()
         self._batch = None
         try:
