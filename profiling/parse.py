@@ -3,10 +3,11 @@ torch_npu SQLite export, Chrome-trace timelines (trace_view.json, msprof_*.json,
 bounded memory), and MindSpore 1.x's aicore_intermediate tables and timeline_display.
 
 Every reader yields **raw records** (sequences of cells as the file holds them: strings, or ``None``) and
-says in ``stream.indices`` where each field of :data:`FIELDS` sits in a record (CSV records are the rows
-themselves, so no per-row copy is made; an absent column reads an empty cell). Cleaning (``N/A`` → missing, quotes
+says in ``stream.indices`` where each field of :data:`FIELDS` sits in a record (a CSV record holds only the
+header's columns of :data:`FIELDS`, cut by a compiled extractor that leaves the other columns unparsed,
+see :class:`CsvOpStream`; an absent column reads an empty cell). Cleaning (``N/A`` → missing, quotes
 around shapes, ``FORMAT_`` prefixes, ``:N`` sub-formats) is done by the helpers below, and only on the rows
-that need it, so a million-row file streams at close to the speed of the ``csv`` module itself.
+that need it.
 
 Rows that cannot be used (a field short or long, a duration or count that is not a finite number, a cell
 over the csv module's field limit) are skipped and counted per reason with their first line numbers in
