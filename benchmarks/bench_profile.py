@@ -223,6 +223,7 @@ def _child(mode: str, path: str) -> None:
     if mode == "pandas+groupby":
         import pandas  # noqa: F401
     elif mode == "analyze":
+        import npu_deploy.converters.formats  # noqa: F401  (numpy: the analysis imports it on first use)
         import npu_deploy.profiling.analyze  # noqa: F401
     r0 = resource.getrusage(resource.RUSAGE_SELF)
     t0 = time.perf_counter()

@@ -152,7 +152,7 @@ int npd_csv_scan(const unsigned char *buf, int64_t len, int at_eof, int ncols, c
                     if (at_eof) bad = 1;   /* quote open, or a CR, at the very end: the csv module decides */
                     break;
                 }
-                if (p - fstart > max_field) bad = 1;
+                if (bad || p - fstart > max_field) { bad = 1; break; }
                 /* after the closing quote: a separator or the end of the record, nothing else */
                 unsigned char c = buf[p];
                 if (c == ',') { p++; }
