@@ -12,6 +12,7 @@ alternate, and the median of ``--repeat`` runs is reported. Figures go to ``benc
 
     python benchmarks/bench_profile.py [--rows 1000000] [--repeat 3] [--keep FILE]
     python benchmarks/bench_profile.py --timeline 2 [--repeat 1] [--baseline-gib 0.5]
+    python benchmarks/bench_profile.py --wide [--rows 1000000] [--repeat 3] [--keep FILE] [--no-fallback]
 
 The script imports the installed ``npu_deploy`` (editable or not); it needs no ``sys.path`` changes.
 pandas is only the yardstick here, not a dependency of npu-deploy.
@@ -92,6 +93,41 @@ def generate(path: Path, rows: int, seed: int = 0) -> None:
                             "COMMUNICATION", f"{t:.3f}\t", "150.000", "0", *(["N/A"] * 35)])
                 n += 1
             i += 1
+
+
+REAL_KERNELS = Path(__file__).resolve().parents[2] / "shared" / "data" / "timings_910B"
+
+
+def generate_wide(path: Path, rows: int, seed: int = 0) -> int:
+    """A ``kernel_details.csv`` of ``rows`` rows with the header of a real torch_npu capture (the 46
+    columns of ``../shared/data/timings_910B/cnn_level2_*``, PMU columns included): the data lines of the
+    real files resampled byte for byte (their quoting, TAB-suffixed start times and ``N/A`` cells kept),
+    with the start time of each copy shifted so that time goes forward. Returns the number of columns."""
+    srcs = sorted(REAL_KERNELS.glob("cnn_level*/ASCEND_PROFILER_OUTPUT/kernel_details.csv"))
+    if not srcs:
+        raise SystemExit(f"{REAL_KERNELS} not found (../shared beside the clone): cannot build the wide CSV")
+    header = None
+    lines: list[list[str]] = []
+    for p in srcs:
+        with open(p, newline="", encoding="utf-8") as f:
+            recs = list(csv.reader(f))
+        if header is None:
+            header = recs[0]
+        if recs[0] != header:
+            continue
+        lines += [r for r in recs[1:] if len(r) == len(header)]
+    i_start = header.index("Start Time(us)")
+    rnd = random.Random(seed)
+    t = 1736412474759767.0
+    with open(path, "w", newline="", encoding="utf-8") as f:
+        w = csv.writer(f, lineterminator="\n")
+        w.writerow(header)
+        for _ in range(rows):
+            r = list(rnd.choice(lines))
+            t += 1.0 + 50.0 * rnd.random()
+            r[i_start] = f"{t:.3f}\t"
+            w.writerow(r)
+    return len(header)
 
 
 def generate_timeline(path: Path, size_bytes: int, seed: int = 0) -> int:
@@ -183,6 +219,12 @@ def generate_real_timeline(path: Path, size_bytes: int, *, shuffle: bool, seed: 
 def _child(mode: str, path: str) -> None:
     import resource
 
+    # the --wide modes time the work, not the imports
+    if mode == "pandas+groupby":
+        import pandas  # noqa: F401
+    elif mode == "analyze":
+        import npu_deploy.converters.formats  # noqa: F401  (numpy: the analysis imports it on first use)
+        import npu_deploy.profiling.analyze  # noqa: F401
     r0 = resource.getrusage(resource.RUSAGE_SELF)
     t0 = time.perf_counter()
     if mode == "pandas":
@@ -190,6 +232,12 @@ def _child(mode: str, path: str) -> None:
 
         df = pd.read_csv(path)
         info = f"{len(df)} rows"
+    elif mode == "pandas+groupby":
+        import pandas as pd
+
+        df = pd.read_csv(path)
+        by_type = df.groupby("Type")["Duration(us)"].sum()
+        info = f"{len(df)} rows, {len(by_type)} types"
     elif mode == "json.load":
         import json
 
@@ -207,9 +255,9 @@ def _child(mode: str, path: str) -> None:
     print(f"{dt:.4f} {cpu:.4f} {r1.ru_maxrss} {info}")
 
 
-def _measure(mode: str, path: Path) -> tuple[float, float, float, str]:
+def _measure(mode: str, path: Path, env: dict | None = None) -> tuple[float, float, float, str]:
     out = subprocess.run([sys.executable, __file__, "--child", mode, str(path)], capture_output=True,
-                         text=True, check=True)
+                         text=True, check=True, env=None if env is None else {**os.environ, **env})
     dt, cpu, kb, info = out.stdout.strip().split(" ", 3)
     return float(dt), float(cpu), int(kb) / 1024.0, info
 
@@ -305,6 +353,86 @@ shuffled mix puts each copy's events in random order, so the device's threads mu
         _replace_section(Path(a.out), text)
 
 
+_WIDE_SECTION = "<!-- bench_profile.py --wide: generated section -->"
+
+
+def wide_main(a) -> None:
+    """CPU time of ``analyze_profile`` on a wide ``kernel_details.csv`` (the 46 columns of a real capture,
+    resampled) beside ``pandas.read_csv`` + a groupby-sum by type of the same file, in fresh processes,
+    alternating: the compiled extractor, the csv-module fallback (``NPU_DEPLOY_CSV_KERNEL=0``), pandas."""
+    from npu_deploy.profiling.parse import csv_kernel_info
+
+    tmp = None
+    if a.keep:
+        path = Path(a.keep)
+    else:
+        tmp = tempfile.mkdtemp()
+        path = Path(tmp) / "ASCEND_PROFILER_OUTPUT" / "kernel_details.csv"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if not (a.keep and path.is_file()):
+        ncols = generate_wide(path, a.rows)
+    else:
+        with open(path, newline="", encoding="utf-8") as f:
+            ncols = len(next(csv.reader(f)))
+    info = csv_kernel_info()
+    if info["status"] != "loaded":
+        print(f"note: the compiled CSV extractor is not in use ({info['status']}: {info['reason']})")
+    size_mb = path.stat().st_size / 1e6
+    load0 = os.getloadavg()
+    runs: dict[str, list] = {"pandas": [], "ours": [], "fallback": []}
+    verdicts = set()
+    for _ in range(a.repeat):
+        runs["pandas"].append(_measure("pandas+groupby", path))
+        r = _measure("analyze", path)
+        runs["ours"].append(r)
+        verdicts.add(r[3])
+        if not a.no_fallback:
+            r = _measure("analyze", path, {"NPU_DEPLOY_CSV_KERNEL": "0"})
+            runs["fallback"].append(r)
+            verdicts.add(r[3])
+    load1 = os.getloadavg()
+    cores = os.cpu_count() or 1
+    quiet = max(load0[0], load1[0]) < 0.5 * cores
+    import pandas
+
+    def med(key, i):
+        return statistics.median(r[i] for r in runs[key])
+
+    pc = med("pandas", 1)
+    lines = [(f"| pandas.read_csv + groupby-sum by type | {pc:.2f} s / {med('pandas', 0):.2f} s | 1.00× "
+              f"| {med('pandas', 2):.0f} MB |"),
+             (f"| `analyze_profile`, compiled extractor | {med('ours', 1):.2f} s / {med('ours', 0):.2f} s "
+              f"| **{med('ours', 1) / pc:.2f}×** | {med('ours', 2):.0f} MB |")]
+    if runs["fallback"]:
+        lines.append(f"| `analyze_profile`, csv module (`NPU_DEPLOY_CSV_KERNEL=0`) | {med('fallback', 1):.2f} s / "
+                     f"{med('fallback', 0):.2f} s | {med('fallback', 1) / pc:.2f}× | {med('fallback', 2):.0f} MB |")
+    allruns = "; ".join(f"{k} {', '.join(f'{r[1]:.2f}' for r in v)}" for k, v in runs.items() if v)
+    rounds = ", ".join(f"{o[1] / p[1]:.2f}×" for p, o in zip(runs["pandas"], runs["ours"]))
+    text = f"""## `npu-deploy profile analyze`: a wide kernel_details.csv ({a.rows:,} rows, {ncols} columns)
+
+Generated by `benchmarks/bench_profile.py --wide` on {_machine()}, Python {platform.python_version()},
+pandas {pandas.__version__}; load average {load0[0]:.1f} at the start and {load1[0]:.1f} at the end on {cores} cores
+(quiet? **{'yes' if quiet else 'no: the machine was shared, wall times are inflated; CPU times much less'}**).
+The file: the data lines of the real torch_npu captures in `../shared/data/timings_910B/cnn_level*`
+(46 columns, PMU counters included, quoted shapes, TAB-suffixed start times) resampled to {a.rows:,} rows,
+{size_mb:.0f} MB. Each figure is the median of {a.repeat} runs, each in a fresh process, the three
+alternating; the ratio is on CPU time (user + system) of the measured work, imports (pandas, npu_deploy)
+done before the clock starts. Peak RSS is the whole process. Target (issue 22): ≤ 1.2×.
+
+| work | CPU / wall | ratio, CPU | peak RSS |
+|---|---|---|---|
+""" + "\n".join(lines) + f"""
+
+All runs (CPU s): {allruns}. Ratio of each round (ours / the pandas run just before it): {rounds}.
+Verdict: `{' / '.join(sorted(verdicts))}`.
+"""
+    if a.out:
+        _replace_section(Path(a.out), text, _WIDE_SECTION)
+    print(text)
+    if tmp:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rows", type=int, default=1_000_000)
@@ -316,9 +444,15 @@ def main() -> None:
                     help="benchmark the streaming timeline reader on a generated trace_view.json of GIB GiB")
     ap.add_argument("--baseline-gib", type=float, default=0.25,
                     help="size of the file json.load is measured on (it needs several times it in memory)")
+    ap.add_argument("--wide", action="store_true",
+                    help="benchmark a wide kernel_details.csv (real capture columns) against pandas + groupby")
+    ap.add_argument("--no-fallback", action="store_true", help="--wide: do not also time the csv-module path")
     a = ap.parse_args()
     if a.child:
         _child(*a.child)
+        return
+    if a.wide:
+        wide_main(a)
         return
     if a.timeline is not None:
         timeline_main(a)

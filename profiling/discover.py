@@ -389,7 +389,7 @@ def _csv_rows_and_tail(path: Path) -> tuple[int, list]:
     non-empty lines after the header (msprof and torch_npu write no line breaks inside cells), the tail
     is parsed from the last block of the file."""
     stream = P.CsvOpStream(path)
-    i = stream.indices
+    i = stream.header_indices                   # the rows below are whole csv rows, not stream records
     cols = (i[P.F_NAME], i[P.F_TYPE], i[P.F_CORE], i[P.F_DUR], i[P.F_START])
     lines = 0
     last = b""

@@ -201,11 +201,13 @@ def read_measured_ops(path: str | os.PathLike) -> list[MeasuredCapture]:
 
 
 def _feed(mc: MeasuredCapture, stream: P.TableStream) -> None:
-    i = stream.indices
     bd_col = None
     header = getattr(stream, "header", None)
     if header is not None:
         bd_col = P._resolve(header, _BLOCK_DIM).get("block_dim")
+        if bd_col is not None:
+            bd_col = stream.keep_column(bd_col)     # records hold only the columns asked for
+    i = stream.indices
     skipped = mc.skipped
     for row in stream:
         core = P.clean(row[i[P.F_CORE]])

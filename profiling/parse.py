@@ -3,10 +3,11 @@ torch_npu SQLite export, Chrome-trace timelines (trace_view.json, msprof_*.json,
 bounded memory), and MindSpore 1.x's aicore_intermediate tables and timeline_display.
 
 Every reader yields **raw records** (sequences of cells as the file holds them: strings, or ``None``) and
-says in ``stream.indices`` where each field of :data:`FIELDS` sits in a record (CSV records are the rows
-themselves, so no per-row copy is made; an absent column reads an empty cell). Cleaning (``N/A`` → missing, quotes
+says in ``stream.indices`` where each field of :data:`FIELDS` sits in a record (a CSV record holds only the
+header's columns of :data:`FIELDS`, cut by a compiled extractor that leaves the other columns unparsed,
+see :class:`CsvOpStream`; an absent column reads an empty cell). Cleaning (``N/A`` → missing, quotes
 around shapes, ``FORMAT_`` prefixes, ``:N`` sub-formats) is done by the helpers below, and only on the rows
-that need it, so a million-row file streams at close to the speed of the ``csv`` module itself.
+that need it.
 
 Rows that cannot be used (a field short or long, a duration or count that is not a finite number, a cell
 over the csv module's field limit) are skipped and counted per reason with their first line numbers in
@@ -25,18 +26,24 @@ its path (and line where known).
 from __future__ import annotations
 
 import csv
+import ctypes
 import heapq
+import itertools
 import json
+import operator
 import os
 import re
 import sqlite3
 import tempfile
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator
 
-from npu_deploy.errors import ProfileError
 from npu_deploy.profiling._jsonstream import iter_events
+
+from npu_deploy import _cbuild
+from npu_deploy.errors import ProfileError
 
 # ---------------------------------------------------------------------------------------------------
 # Canonical fields and the header alias table (msprof.md §3.4 and §9)
@@ -316,6 +323,11 @@ class TableStream:
     def warnings(self) -> list[str]:
         return [s.message(self.path) for s in self.skipped.values()]
 
+    def keep_column(self, column: int) -> int:
+        """Position in a record of header column ``column``; readers that cut records to the columns
+        they use (CSV) keep it too. Call before iterating."""
+        return column
+
     def __iter__(self) -> Iterator[tuple]:  # pragma: no cover - overridden
         return iter(())
 
@@ -360,11 +372,21 @@ def sniff_csv(path: str | os.PathLike) -> str | None:
 
 
 class CsvOpStream(TableStream):
-    """op_summary_*.csv / kernel_details.csv / task_time_*.csv, streamed with the ``csv`` module."""
+    """op_summary_*.csv / kernel_details.csv / task_time_*.csv, streamed.
+
+    A record holds only the columns of :data:`FIELDS` the header has (plus one empty cell standing for
+    the absent ones, and any column asked for with :meth:`keep_column`), in header order:
+    ``stream.indices`` says where each field is. A wide table (46 columns with the PMU counters) then
+    costs a Python string for 13 cells a row, not for all 46. The cells are cut out by the compiled
+    extractor (``_csvscan.c``, see :func:`csv_kernel_info`) or, without a C compiler or with
+    ``NPU_DEPLOY_CSV_KERNEL=0``, by the ``csv`` module: the two give the same records, skips and line
+    numbers (the extractor hands every record it does not call plain to the ``csv`` module).
+    """
 
     def __init__(self, path: str | os.PathLike):
         super().__init__(path)
-        self._reader = None
+        self._line: int | None = None
+        self._batch: tuple | None = None
         with _open_text(self.path) as f:
             try:
                 header = next(csv.reader(f), None)
@@ -384,9 +406,12 @@ class CsvOpStream(TableStream):
         self.ncols = len(header)
         self.has_op_type = "op_type" in self.cols
         self.has_formats = "in_fmt" in self.cols and "out_fmt" in self.cols
-        # A missing column reads as an extra empty cell appended to each row (index ncols).
-        self.indices = tuple(self.cols.get(k, self.ncols) for k in FIELDS)
+        #: position of each field of FIELDS in the header (an absent column: ``ncols``), for readers of
+        #: whole header-wide rows
+        self.header_indices = tuple(self.cols.get(k, self.ncols) for k in FIELDS)
         self._pad = any(k not in self.cols for k in FIELDS)
+        self._kept = sorted(set(self.cols.values()))
+        self._set_indices()
         if "device" not in self.cols:
             # per-device files (device_N/summary/) carry no Device_id column: take it from the folder
             m = re.search(r"(?:^|/)device_(\d+)(?:/|$)", Path(self.path).parent.parent.as_posix() + "/")
@@ -395,16 +420,49 @@ class CsvOpStream(TableStream):
             h = header[self.cols["start"]].strip()
             self.time_unit = "us" if "us" in h else "unknown"
 
+    def _set_indices(self) -> None:
+        pos = {c: i for i, c in enumerate(self._kept)}
+        self.indices = tuple(pos.get(self.cols[k], len(self._kept)) if k in self.cols else len(self._kept)
+                             for k in FIELDS)
+
+    def keep_column(self, column: int) -> int:
+        """Keep header column ``column`` in the records too (call before iterating); returns its
+        position in a record."""
+        if not 0 <= column < self.ncols:
+            raise IndexError(f"column {column} outside the header's {self.ncols}")
+        if column not in self._kept:
+            self._kept = sorted({*self._kept, column})
+            self._set_indices()
+        return self._kept.index(column)
+
     @property
     def line(self) -> int | None:
-        return self._reader.line_num if self._reader is not None else None
+        b = self._batch
+        if b is None:
+            return self._line
+        it, total, k, first, lines = b
+        j = (total - it.__length_hint__()) // k - 1   # the record last handed out, from the cells left
+        return first + j if lines is None else lines[j]
 
     def __iter__(self) -> Iterator[tuple]:
+        fn = _csv_kernel()
+        if fn is None:
+            return self._iter_csv()
+        # chain pulls the records of each block straight from its zip: no Python frame per record
+        return itertools.chain.from_iterable(self._kernel_blocks(fn))
+
+    def _compact(self, row: list) -> tuple:
+        return (*(row[c] for c in self._kept), *(("",) if self._pad else ()))
+
+    def _iter_csv(self) -> Iterator[tuple]:
+        """The reference reader: the ``csv`` module, every row then cut to the kept columns."""
         ncols = self.ncols
-        pad = self._pad
         skip = self.skip
+        get = operator.itemgetter(*self._kept)
+        pad = ("",) if self._pad else ()
+        self._batch = None
         with _open_text(self.path) as f:
-            reader = self._reader = csv.reader(f)
+            reader = csv.reader(f)
             try:
                 next(reader)
             except (StopIteration, csv.Error):
@@ -413,14 +471,182 @@ class CsvOpStream(TableStream):
                 try:
                     for row in reader:
                         if len(row) == ncols:
-                            if pad:
-                                row.append("")
-                            yield row
+                            self._line = reader.line_num
+                            yield get(row) + pad
                         elif row:
                             skip(f"{len(row)} fields, header has {ncols}", reader.line_num)
                     break
                 except csv.Error as e:
                     skip(f"malformed CSV: {str(e)[:60]}", reader.line_num)
+            self._line = reader.line_num
+
+    def _kernel_blocks(self, fn) -> Iterator[Iterator[tuple]]:
+        """Iterables of records: the compiled extractor's over 1 MiB blocks of bytes, and one record at a
+        time from the ``csv`` module wherever it stops (the header, and any record it does not call
+        plain)."""
+        ncols = self.ncols
+        kept = set(self._kept)
+        keep_mask = bytes(1 if c in kept else 0 for c in range(ncols))
+        pad = 1 if self._pad else 0
+        k = len(self._kept) + pad
+        max_field = csv.field_size_limit()
+        src = _ByteLines(self.path)
+        state = (ctypes.c_int64 * 6)()
+        out_cap = 2 * _CSV_BLOCK
+        out = ctypes.create_string_buffer(out_cap)
+        out_view = memoryview(out).cast("B")
+        max_rows = max(16, _CSV_BLOCK // 16)
+        row_lines = (ctypes.c_int64 * max_rows)()
+        self._batch = None
+        try:
+            first = self._slow_record(src)          # the header
+            if first is None or first[1] is not None:
+                return
+            while True:
+                state[0] = src.pos
+                state[1] = src.lines
+                buf = src.buf
+                status = fn(buf, len(buf), int(src.eof), ncols, keep_mask, pad, max_field, out, out_cap,
+                            row_lines, max_rows, state)
+                src.pos = state[0]
+                src.lines = state[1]
+                n = state[2]
+                if n:
+                    cells = str(out_view[:state[3]], "utf-8", "replace").split("\x1f")
+                    cells.pop()                         # after the last 0x1F
+                    it = iter(cells)
+                    self._batch = (it, n * k, k, state[5], None if state[4] else row_lines[:n])
+                    yield zip(*[it] * k)
+                    self._batch = None
+                self._line = src.lines
+                if status == 2:
+                    if n == 0:                          # one record larger than the output block
+                        out_cap *= 2
+                        out = ctypes.create_string_buffer(out_cap)
+                        out_view = memoryview(out).cast("B")
+                elif status == 1 or (src.eof and src.pos < len(src.buf)):
+                    rec = self._slow_record(src)
+                    if rec is None:
+                        return
+                    row, err, line = rec
+                    self._line = line
+                    if err is not None:
+                        self.skip(f"malformed CSV: {str(err)[:60]}", line)
+                    elif len(row) == ncols:
+                        yield (self._compact(row),)
+                    elif row:
+                        self.skip(f"{len(row)} fields, header has {ncols}", line)
+                elif src.eof:
+                    return
+                else:
+                    src.more()
+        finally:
+            self._batch = None
+            self._line = src.lines
+            src.close()
+
+    @staticmethod
+    def _slow_record(src: _ByteLines) -> tuple[list, csv.Error | None, int] | None:
+        """Read one record with the ``csv`` module from the lines at ``src.pos``: (row, error, line of
+        its end), or None at the end of the data."""
+        lines = src.iter_lines()
+        reader = csv.reader(lines)
+        try:
+            row = next(reader)
+            err = None
+        except StopIteration:
+            return None
+        except csv.Error as e:
+            row, err = [], e
+        finally:
+            lines.close()
+        return row, err, src.lines
+
+
+_CSV_BLOCK = 1 << 20
+_LINE_END = re.compile(rb"\r\n?|\n")
+
+
+class _ByteLines:
+    """A binary file read in blocks, with a position (``pos`` in ``buf``) and the count of lines before
+    it; :meth:`iter_lines` hands the csv module text lines from there, split where a text file opened
+    with ``newline=""`` splits them (LF, CRLF, a lone CR) and decoded as such a file decodes them."""
+
+    def __init__(self, path: str):
+        self.f = open(path, "rb")  # noqa: SIM115 - closed by close(), in the reader's finally
+        self.buf = b""
+        self.pos = 0
+        self.lines = 0
+        self.eof = False
+        self.more()
+        if self.buf.startswith(b"\xef\xbb\xbf"):     # what utf-8-sig drops
+            self.pos = 3
+
+    def more(self) -> None:
+        data = self.f.read(_CSV_BLOCK)
+        if not data:
+            self.eof = True
+        self.buf = self.buf[self.pos:] + data
+        self.pos = 0
+
+    def iter_lines(self) -> Iterator[str]:
+        while True:
+            m = _LINE_END.search(self.buf, self.pos)
+            while (m is None or (m.end() == len(self.buf) and m.group() == b"\r")) and not self.eof:
+                self.more()                             # need the rest of the line (or the LF after a CR)
+                m = _LINE_END.search(self.buf, self.pos)
+            if m is None:
+                if self.pos >= len(self.buf):
+                    return
+                end = len(self.buf)
+            else:
+                end = m.end()
+            text = self.buf[self.pos:end].decode("utf-8", "replace")
+            self.pos = end
+            self.lines += 1
+            yield text
+
+    def close(self) -> None:
+        self.f.close()
+
+
+_csv_lock = threading.Lock()
+#: status: "not loaded" (first use pending), "loaded", "failed" or "disabled"; reason says why
+_csvk: dict = {"status": "not loaded", "reason": "", "path": None, "compile_seconds": None, "fn": None}
+CSV_KERNEL_ENABLED = os.environ.get("NPU_DEPLOY_CSV_KERNEL", "1").strip().lower() not in ("0", "false", "no")
+
+
+def _csv_kernel():
+    """The ctypes extractor function, or None (disabled or unavailable: the csv module is used). The
+    first call compiles or loads it; a failure is remembered once."""
+    if not CSV_KERNEL_ENABLED:
+        _csvk.update(status="disabled", reason="NPU_DEPLOY_CSV_KERNEL=0", fn=None)
+        return None
+    if _csvk["status"] == "loaded":
+        return _csvk["fn"]
+    if _csvk["status"] != "not loaded":
+        return None
+    with _csv_lock:
+        if _csvk["status"] == "not loaded":
+            try:
+                path, seconds = _cbuild.build(Path(__file__).resolve().with_name("_csvscan.c"), "csvscan",
+                                              ["-O3", "-shared", "-fPIC", "-std=c99"])
+                fn = ctypes.CDLL(path).npd_csv_scan
+                p64 = ctypes.POINTER(ctypes.c_int64)
+                fn.argtypes = [ctypes.c_char_p, ctypes.c_int64, ctypes.c_int, ctypes.c_int, ctypes.c_char_p,
+                               ctypes.c_int, ctypes.c_int64, ctypes.c_char_p, ctypes.c_int64, p64,
+                               ctypes.c_int64, p64]
+                fn.restype = ctypes.c_int
+                _csvk.update(status="loaded", reason="", path=path, compile_seconds=seconds, fn=fn)
+            except Exception as exc:  # noqa: BLE001 - any failure means "use the csv module"
+                _csvk.update(status="failed", reason=f"{type(exc).__name__}: {exc}", fn=None)
+    return _csvk["fn"]
+
+
+def csv_kernel_info() -> dict:
+    """Whether op-table CSVs are cut by the compiled extractor: status, reason, path, compile seconds."""
+    _csv_kernel()
+    return {k: v for k, v in _csvk.items() if k != "fn"}
 
 
 class CsvStatStream(TableStream):

@@ -46,7 +46,8 @@ LAYERS = {
     "npu_deploy.distributed": {"base", "npu_deploy.runtime.distributed"},
 }
 BASE = {"npu_deploy.errors", "npu_deploy._io", "npu_deploy._result", "npu_deploy._text", "npu_deploy._thresholds",
-        "npu_deploy._version", "npu_deploy._display", "npu_deploy._ray", "npu_deploy._html"}
+        "npu_deploy._version", "npu_deploy._display", "npu_deploy._ray", "npu_deploy._html",
+        "npu_deploy._cbuild"}
 
 
 def modules() -> dict[str, Path]:

@@ -61,24 +61,18 @@ numpy-only, ``NPU_DEPLOY_THREADS=N`` sets the thread count.
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
-import hashlib
 import logging
 import math
 import os
-import platform
-import shutil
-import subprocess
-import sys
-import tempfile
 import threading
-import time
 from concurrent.futures import ThreadPoolExecutor
 from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
+
+from npu_deploy import _cbuild
 
 _OFF = ("0", "false", "no")
 ENABLED = os.environ.get("NPU_DEPLOY_FASTCOPY", "1").strip().lower() not in _OFF
@@ -543,69 +537,21 @@ _kernel: dict = {"status": "not loaded", "reason": "", "path": None, "compile_se
 
 
 def _kernel_cache_dir() -> Path:
-    root = os.environ.get("NPU_DEPLOY_CACHE", "").strip()
-    base = Path(root) if root else Path.home() / ".cache" / "npu-deploy"
-    return base / "kernels"
+    return _cbuild.cache_dir()
 
 
 def _find_cc() -> str | None:
-    for name in ("cc", "gcc"):
-        path = shutil.which(name)
-        if path:
-            return path
-    return None
+    return _cbuild.find_cc()
 
 
 def _check_owned(path: Path) -> None:
-    """Refuse to load a cached shared object another user could have written (e.g. a cache
-    directory under /tmp)."""
-    if not hasattr(os, "getuid"):
-        return
-    for p in (path, path.parent):
-        st = p.stat()
-        if st.st_uid != os.getuid() or st.st_mode & 0o022:
-            raise RuntimeError(f"{p} is not owned by this user or is group/world-writable")
+    _cbuild.check_owned(path)
 
 
 def _build_kernel() -> tuple[str, float | None]:
     """Path of the compiled kernel (compiled now if not cached) and the compile time (None: cached).
-    Raises on any failure."""
-    source = (Path(__file__).resolve().parent / _KERNEL_SOURCE).read_bytes()
-    cc = _find_cc()
-    if cc is None:
-        raise RuntimeError("no C compiler (cc/gcc) on PATH")
-    ver = subprocess.run([cc, "--version"], capture_output=True, timeout=60, check=True).stdout
-    key = hashlib.sha256(b"\0".join([source, ver, " ".join(_KERNEL_FLAGS).encode(),
-                                      platform.machine().encode(), sys.platform.encode(),
-                                      platform.libc_ver()[0].encode()])).hexdigest()[:24]
-    suffix = ".dll" if sys.platform == "win32" else ".dylib" if sys.platform == "darwin" else ".so"
-    cache = _kernel_cache_dir()
-    target = cache / f"copykernel-{key}{suffix}"
-    if target.is_file():
-        _check_owned(target)
-        return str(target), None
-    cache.parent.mkdir(parents=True, exist_ok=True)
-    cache.mkdir(mode=0o700, exist_ok=True)       # private: _check_owned refuses shared directories
-    fd, tmp = tempfile.mkstemp(prefix=".copykernel-", suffix=suffix, dir=cache)
-    os.close(fd)
-    try:
-        csrc = cache / f".copykernel-{key}-{os.getpid()}-{threading.get_ident()}.c"
-        csrc.write_bytes(source)
-        try:
-            t0 = time.perf_counter()
-            r = subprocess.run([cc, *_KERNEL_FLAGS, "-o", tmp, str(csrc)], capture_output=True, timeout=300)
-            seconds = time.perf_counter() - t0
-        finally:
-            csrc.unlink(missing_ok=True)
-        if r.returncode != 0:
-            raise RuntimeError(f"{cc} failed ({r.returncode}): {r.stderr.decode(errors='replace')[-500:]}")
-        os.chmod(tmp, 0o755)
-        os.replace(tmp, target)     # atomic: concurrent first uses each install a complete file
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-    return str(target), seconds
+    Raises on any failure (the shared builder, :mod:`npu_deploy._cbuild`)."""
+    return _cbuild.build(Path(__file__).resolve().parent / _KERNEL_SOURCE, "copykernel", _KERNEL_FLAGS)
 
 
 def _kernel_fn():
