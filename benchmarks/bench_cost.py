@@ -1,6 +1,6 @@
 """Cost model against real Ascend910B captures: fit, leave-one-capture-out error per op class.
 
-    python benchmarks/bench_cost.py            # report (about 20 s of CPU)
+    python benchmarks/bench_cost.py            # report (about 80 s of CPU: 4 starts per fit)
     python benchmarks/bench_cost.py --write    # also write the built-in Ascend910B calibration
                                                # (converters/lowering/data/soc_calibration_Ascend910B.json)
 
@@ -28,6 +28,7 @@ SHARED = Path("/work/shared/data") if Path("/work/shared/data").is_dir() else RE
 CAPTURES = [SHARED / "timings_910B", SHARED / "profiles" / "torch_npu_level2_llm_910B"]
 OUT = REPO / "converters" / "lowering" / "data" / "soc_calibration_Ascend910B.json"
 FITTED_FIELDS = ("fp32_tflops", "vector_efficiency", "bw_efficiency", "aicpu_launch_us", "aicpu_bandwidth_gbps",
+                 "fill_efficiency", "dsa_bandwidth_gbps",
                  "launch_us_by_engine", "transdata_efficiency_by_pair", "cube_efficiency_by_dtype")
 
 
