@@ -713,14 +713,17 @@ def fit(captures: Sequence[tuple[str, Sequence[Any]]], base: "str | C.SocProfile
     """
     b = C.get_soc_profile(base)
     per_cap = []
+    types_of: dict[str, list[str]] = {}
     for label, ops in captures:
-        fs, ms = [], []
+        fs, ms, ts = [], [], []
         for op in ops:
             f = features(op)
             if f is not None and op.duration_us > 0:
                 fs.append(f)
                 ms.append(float(op.duration_us))
+                ts.append(op.type)
         per_cap.append((label, fs, ms))
+        types_of[label] = ts
     feats = [f for _, fs, _ in per_cap for f in fs]
     meas = [m for _, _, ms in per_cap for m in ms]
     if len(feats) < 4:
@@ -736,6 +739,7 @@ def fit(captures: Sequence[tuple[str, Sequence[Any]]], base: "str | C.SocProfile
         lf: list[Features] = []
         lm: list[float] = []
         lp: list[float] = []
+        lt: list[str] = []
         per: dict = {}
         for k, (label, fs, ms) in enumerate(per_cap):
             if not fs:
@@ -750,9 +754,11 @@ def fit(captures: Sequence[tuple[str, Sequence[Any]]], base: "str | C.SocProfile
             lf += fs
             lm += ms
             lp += [predict(f, pk) for f in fs]
+            lt += types_of[label]
         if lf:
             loo = _summary_from_pred(lf, lm, lp)
             loo["per_capture"] = per
+            loo["per_type"] = _per_type(lt, lm, lp)
     sources = dict(fitted.sources)
     for table, key, *_ in specs:
         sources[f"{table}.{key}" if key else table] = (f"fitted (robust least squares on log time) on "
@@ -768,6 +774,19 @@ def fit(captures: Sequence[tuple[str, Sequence[Any]]], base: "str | C.SocProfile
     return fitted, FitResult(profile=profile_dict(fitted, b.name), parameters=params, n_ops=len(feats),
                              n_keys=len(keys), in_sample=ins, leave_one_out=loo,
                              captures=[c[0] for c in per_cap])
+
+
+def _per_type(types, meas, preds) -> dict:
+    """Per op type: count, measured and predicted µs, median and p90 |error| %."""
+    by: dict[str, list[tuple[float, float]]] = defaultdict(list)
+    for t, m, pr in zip(types, meas, preds):
+        by[t].append((m, pr))
+    out = {}
+    for t, v in sorted(by.items(), key=lambda kv: -sum(m for m, _ in kv[1])):
+        errs = [abs(pr - m) / m * 100.0 for m, pr in v]
+        out[t] = {"count": len(v), "measured_us": sum(m for m, _ in v), "predicted_us": sum(p for _, p in v),
+                  "median_abs_err_pct": statistics.median(errs), "p90_abs_err_pct": _pctile(errs, 0.9)}
+    return out
 
 
 def _weights(per_cap) -> list[float]:
