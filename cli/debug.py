@@ -15,7 +15,7 @@ import click
 
 from npu_deploy._text import printable
 from npu_deploy._io import check_dest
-from npu_deploy.cli.options import input_shape_option, parse_input_shapes, refuse_overwriting, soc_option
+from npu_deploy.cli.options import input_shape_option, parse_input_shapes, refuse_overwriting, soc_option_with
 from npu_deploy.errors import InputError, Interrupted
 
 _CTX = {"help_option_names": ["-h", "--help"]}
@@ -120,7 +120,8 @@ def compare_command(ctx, model, dumps, bundle, om, inputs, input_files, cosine_m
                    "on the device. ATC + ACL: verified against stand-ins only.")
 @click.option("--atc", "atc_path", default=None, metavar="PATH",
               help="The atc executable for --backend atc (default: found on PATH or $ASCEND_TOOLKIT_HOME).")
-@soc_option
+@soc_option_with("SoC the candidates are planned for and their latency priced on (a name, or a SoC profile "
+                 "JSON from `cost fit`: planned for its base SoC, priced with its figures; default Ascend310P3).")
 @click.option("-o", "--output", default=None, metavar="keep_dtype.cfg",
               help="Write the keep list as ATC's --keep_dtype file (also taken by convert --keep-dtype).")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None,
@@ -197,7 +198,8 @@ def _print_result(res) -> None:
                f"{res.baseline_text()}")
     if res.est_us is not None and res.baseline_est_us:
         click.echo(f"estimated latency (cost model): {res.est_us:.1f} us with the kept ops, "
-                   f"{res.baseline_est_us:.1f} us without ({res.latency_cost_pct():+.1f} %)")
+                   f"{res.baseline_est_us:.1f} us without ({res.latency_cost_pct():+.1f} %; "
+                   + printable(res.cost_accuracy) + ")")
     click.echo(f"search: {res.evaluations} evaluations in {res.seconds:.1f} s")
     for n in res.notes:
         click.echo(printable(f"note: {n}"))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from npu_deploy._text import printable
-from npu_deploy.cli.options import apply, input_shape_option, parse_input_shapes, refuse_overwriting
+from npu_deploy.cli.options import apply, input_shape_option, parse_input_shapes, refuse_overwriting, soc_option_with
 from npu_deploy.profiling.analyze import FORMATTRANS_THRESHOLD_PCT
 
 _CTX = {"help_option_names": ["-h", "--help"]}
@@ -149,9 +149,11 @@ def _analyze_cluster(ctx, path, threshold, include_transpose, json_path, html_pa
 @click.option("--msprof/--emulator", "use_msprof", default=None,
               help="Force msprof (an Ascend host) or the emulator's estimated profile (default: msprof when on PATH).")
 @click.option("--timeout", type=float, default=None, help="Seconds to allow msprof.")
+@soc_option_with("SoC an ONNX model is converted for (a name, or a SoC profile JSON from `cost fit`, "
+                 "whose figures price the emulator's estimate; default Ascend310P3).")
 @apply(_analysis_options)
 @click.pass_context
-def run(ctx, model, run_args, output_dir, input_shape, loops, use_msprof, timeout, threshold,
+def run(ctx, model, run_args, output_dir, input_shape, loops, use_msprof, timeout, soc, threshold,
         include_transpose, json_path, html_path, fail_on_flag, top, wide):
     """Profile MODEL (.onnx, bundle or .om) and analyse the profile.
 
@@ -171,10 +173,10 @@ def run(ctx, model, run_args, output_dir, input_shape, loops, use_msprof, timeou
                    "`npu-deploy run` under msprof, and msprof is not used here", err=True)
     report = profile_model(model, output_dir, input_shapes=shapes, loops=loops, run_args=run_args,
                            threshold=threshold, include_transpose=include_transpose, use_msprof=use_msprof,
-                           timeout=timeout)
+                           timeout=timeout, soc=soc)
     if report.estimated:
         from npu_deploy.converters.lowering.cost import accuracy_note, estimated_profile_soc
 
         click.echo(printable(f"npu-deploy: note: estimated profile: "
-                             f"{accuracy_note(estimated_profile_soc(report.path))}"), err=True)
+                             f"{accuracy_note(soc or estimated_profile_soc(report.path))}"), err=True)
     _finish(ctx, report, json_path, html_path, fail_on_flag, top, wide)

@@ -87,11 +87,17 @@ def make_feeds(inputs, shapes: Mapping[str, Sequence[int]] | None = None, gears=
 def profile_on_emulator(model: str | os.PathLike, output_dir: str | os.PathLike, *,
                         input_shapes: Mapping[str, Sequence[int]] | None = None, loops: int = 1,
                         threshold: float | None = None, include_transpose: bool | None = None,
-                        convert_options: Mapping | None = None) -> ProfileReport:
-    """Convert (if ONNX), run ``loops`` times on the emulator with a profile, analyse the estimated profile."""
+                        convert_options: Mapping | None = None, soc: str | None = None) -> ProfileReport:
+    """Convert (if ONNX), run ``loops`` times on the emulator with a profile, analyse the estimated profile.
+
+    ``soc`` (a SoC name or a SoC profile JSON, as ``convert --soc``) is the SoC the ONNX model is planned
+    and priced for; a bundle was planned and priced when it was converted, so it is refused there."""
     model = Path(model)
     if not model.is_file():
         raise InputError(f"{model}: no such model file", hint="give an .onnx model or an offline bundle")
+    if soc is not None and not _is_onnx(model):
+        raise InputError(f"--soc {soc}: {model} is already converted (its plan and estimate are fixed)",
+                         hint="give the .onnx model to profile it for that SoC, or drop --soc")
     if loops < 1:
         raise InputError(f"--loops {loops}: must be at least 1")
     out = Path(output_dir)
@@ -105,6 +111,8 @@ def profile_on_emulator(model: str | os.PathLike, output_dir: str | os.PathLike,
             tmpdir = tempfile.mkdtemp(prefix=".npu-deploy-profile-", dir=out)
             bundle = Path(tmpdir) / (model.stem + ".bundle")
             kwargs = {"backend": "builtin", **dict(convert_options or {})}
+            if soc is not None:
+                kwargs.setdefault("soc", soc)
             if input_shapes and "input_shapes" not in kwargs:
                 kwargs["input_shapes"] = {k: tuple(v) for k, v in input_shapes.items()}
             try:
@@ -183,8 +191,15 @@ def profile_model(model: str | os.PathLike, output_dir: str | os.PathLike, *,
                   input_shapes: Mapping[str, Sequence[int]] | None = None, loops: int = 1,
                   run_args: Sequence[str] = (), msprof_args: Sequence[str] = (),
                   threshold: float | None = None, include_transpose: bool | None = None,
-                  use_msprof: bool | None = None, timeout: float | None = None) -> ProfileReport:
-    """Profile ``model`` and analyse the profile. ``use_msprof=None`` picks msprof when it is on PATH."""
+                  use_msprof: bool | None = None, timeout: float | None = None,
+                  soc: str | None = None) -> ProfileReport:
+    """Profile ``model`` and analyse the profile. ``use_msprof=None`` picks msprof when it is on PATH.
+
+    ``soc``: a SoC name or a SoC profile JSON (``cost fit``'s output), as ``convert --soc``: the ONNX model
+    is converted for it (a profile JSON: for its base SoC, the emulator's estimate priced with its figures)."""
+    if soc is not None and Path(model).is_file() and not _is_onnx(Path(model)):
+        raise InputError(f"--soc {soc}: {model} is already converted (its plan and estimate are fixed)",
+                         hint="give the .onnx model to profile it for that SoC, or drop --soc")
     msprof = shutil.which("msprof")
     if use_msprof is None:
         use_msprof = msprof is not None
@@ -208,7 +223,7 @@ def profile_model(model: str | os.PathLike, output_dir: str | os.PathLike, *,
                 tmpdir = tempfile.mkdtemp(prefix=".npu-deploy-profile-", dir=output_dir)
                 shapes = {k: tuple(v) for k, v in input_shapes.items()} if input_shapes else None
                 try:
-                    result = convert(model, output=Path(tmpdir) / model.stem, input_shapes=shapes)
+                    result = convert(model, output=Path(tmpdir) / model.stem, input_shapes=shapes, soc=soc)
                 except ModelError as e:
                     _rehint_dynamic(e)
                     raise
@@ -222,4 +237,4 @@ def profile_model(model: str | os.PathLike, output_dir: str | os.PathLike, *,
             if tmpdir is not None:
                 shutil.rmtree(tmpdir, ignore_errors=True)
     return profile_on_emulator(model, output_dir, input_shapes=input_shapes, loops=loops,
-                               threshold=threshold, include_transpose=include_transpose)
+                               threshold=threshold, include_transpose=include_transpose, soc=soc)

@@ -12,13 +12,21 @@ FRACTAL_Z 4-D), so bytes are what the kernel really moves and cube work includes
 * Conv2D / Conv2DBackpropInput / Conv2DBackpropFilter: MACs = elements of the activation gradient or
   output (per padded output channel) × elements of the weight; cube roofline at ``cube_eff(dtype)``.
 * MatMul family: ``2·M·N·K`` (K found from the operand that carries M), cube roofline.
+* FlashAttentionScore / FlashAttentionScoreGrad: the cube FLOPs of QK^T and PV (the grad: five
+  products) and the softmax's vector operations, from q/k/v, the softmax statistics and the mask
+  (:func:`_attention_work`), at one fitted efficiency of the fused kernel.
 * Vector ops of a known kind (elementwise, reductions, pooling, norms, data movement, optimizer
-  updates): vector roofline on bytes moved.  ``AI_CPU`` ops: AI CPU launch + bytes at its bandwidth.
+  updates, TopK as a sort): vector roofline on bytes moved and operations per element.
+* Write-only kernels (ZerosLike, OnesLike, Fill, MemSet): bytes written at ``fill_efficiency``; a MemSet
+  whose size the capture does not record: a fixed cost. DSA bit-mask generation: bytes at the DSA rate.
+  ``AI_CPU`` ops: AI CPU launch + bytes at its bandwidth.
 * Anything else, or an op without shapes: **not priced** (``predicted_us`` None, counted with its share).
 
 :func:`fit` fits a few physically bounded parameters (launch per engine, TransData efficiency per
 format pair and dtype, cube efficiency per dtype, vector and bandwidth efficiency, AI CPU) by robust
-least squares on log time (``scipy.optimize.least_squares``, ``soft_l1`` loss, so outliers weigh less).
+least squares on log time (``scipy.optimize.least_squares``, ``soft_l1`` loss, so outliers weigh less),
+started from the base profile and from a few seeded points inside the bounds (the max() of the roofline
+gives the loss local minima); the best end point is kept, the same one every run.
 """
 
 from __future__ import annotations
@@ -45,8 +53,17 @@ CONV_TYPES = frozenset({"Conv2D", "Conv2DBackpropInput", "Conv2DBackpropFilter",
                         "Conv3DBackpropInput", "Conv3DBackpropFilter", "Conv2DTranspose", "Conv2DV2"})
 MATMUL_TYPES = frozenset({"MatMul", "MatMulV2", "MatMulV3", "BatchMatMul", "BatchMatMulV2",
                           "BatchMatMulV3", "GEMM", "MatMulCommon"})
-#: ops that only write their output (their input shape is a size, not data read)
-_OUTPUT_ONLY = frozenset({"ZerosLike", "OnesLike", "Fill", "Range", "MemSet", "Empty"})
+#: ops that only write their output (their input shape is a size, not data read): priced as bytes written
+FILL_TYPES = frozenset({"ZerosLike", "OnesLike", "Fill", "MemSet", "Empty"})
+_OUTPUT_ONLY = FILL_TYPES | {"Range"}
+#: fused attention kernels whose shapes give the two matrix products (QK^T, PV) and the softmax between
+ATTENTION_TYPES = frozenset({"FlashAttentionScore", "FlashAttentionScoreGrad"})
+#: vector instructions per element for kernels that do more than one or two operations per element,
+#: counted from each kernel's formula (an assumption, not fitted): a polynomial sin/cos after range
+#: reduction, Adam's two moment updates, bias corrections, sqrt and divide, a norm's backward (two
+#: products, a reduction, a scale, the weight gradient), SwiGLU's backward (sigmoid and its derivative)
+_OPS_PER_ELEMENT = {"Sin": 16, "Cos": 16, "ApplyAdamWV2": 16, "ApplyAdamW": 16, "RmsNormGrad": 12,
+                    "LayerNormGrad": 16, "SwiGluGrad": 12, "NonZero": 2}
 _TRANSCENDENTAL = frozenset({"Exp", "Log", "Sigmoid", "Tanh", "Sin", "Cos", "Pows", "Pow", "Sqrt", "Rsqrt",
                              "Erf", "Gelu", "GeLU", "SwiGlu", "SwiGluGrad", "LogSoftmaxV2", "SoftmaxV2",
                              "LogSoftmaxGrad", "SoftmaxGrad", "RotaryPositionEmbedding",
@@ -62,9 +79,10 @@ VECTOR_TYPES = frozenset(set(C._ELEMENTWISE) | set(C._REDUCE) | set(C._MOVE) | _
     "Muls", "Adds", "NotEqual", "BiasAdd", "BiasAddGrad", "TransposeD", "Transpose", "AddN", "Square",
     "SquareSumV1", "ReduceMean", "ReduceMax", "ReduceSum", "Greater", "GreaterEqual", "Less", "LessEqual",
     "Equal", "Cast", "Abs", "Neg", "Maximum", "Minimum", "SelectV2", "Select", "MaskedFill",
-    "BNTrainingReduce", "BNTrainingUpdate", "BNInfer", "BatchNorm", "ApplyMomentum", "ExpandD", "Tile"})
+    "BNTrainingReduce", "BNTrainingUpdate", "BNInfer", "BatchNorm", "ApplyMomentum", "ExpandD", "Tile",
+    "TopK", "TopKV2", "TopKD", "Sort", "NonZero", "EmbeddingDenseGradV2"})
 #: op classes: colour and table order
-CLASSES = ("TransData", "Conv", "MatMul", "vector", "AI CPU")
+CLASSES = ("TransData", "Conv", "MatMul", "Attention", "vector", "fill", "DSA", "AI CPU")
 
 
 def _numel(shape) -> int:
@@ -100,7 +118,8 @@ class Features:
     flops: float
     nbytes: float
     dtype: str
-    pair: str = ""      # TransData "SRC->DST"
+    pair: str = ""      # TransData "SRC->DST"; "MemSet" for a MemSet without shapes (a fixed cost)
+    vflops: float = 0.0  # Attention: the softmax's vector operations beside the cube work
 
 
 def _conv_macs(op) -> float | None:
@@ -146,8 +165,61 @@ def _matmul_k(op) -> float | None:
     return math.sqrt(k2) if k2 > 0 else None
 
 
+def _attention_work(op) -> tuple[float, float] | None:
+    """(cube FLOPs, softmax vector ops) of a FlashAttentionScore(Grad) row, or None when its shapes are
+    not the layouts read here.
+
+    Shapes as torch_npu's kernel rows record them (CANN's FlashAttentionScore): q, k, v first, in
+    layout SBH / BSH (3-D: the hidden size is heads x head dim) or BNSD / BSND (4-D); the first output
+    of the forward (``softmax_max``) is B x N x Sq x 8 (4-D or flattened), which gives B·N·Sq whatever
+    the layout; the grad reads it as its 6th input. Then D = numel(q) / (B·N·Sq). Skv is the last dim
+    of a 4-D attention mask (B, 1, Sq, Skv); otherwise self-attention (Skv = Sq, Sq the longer of q's
+    first two dims for 3-D, dim 2 of BNSD). A 2-D 2048 x 2048 mask is CANN's compressed causal mask
+    (sparse modes 2-4): the kernel skips the blocks above the diagonal, about half the work. Forward:
+    QK^T and PV, 2 x 2·B·N·Sq·Skv·D; backward: 5 products (QK^T again, dP, dQ, dK, dV), 2.5x the forward.
+    Softmax: about 8 vector operations per score (max, subtract, exp, sum, scale; the grad ~2x)."""
+    ins = list(op.in_shapes)
+    if len(ins) < 3 or not ins[0] or len(ins[0]) not in (3, 4):
+        return None
+    grad = op.type.endswith("Grad")
+    smax = (ins[5] if len(ins) > 5 else None) if grad else (op.out_shapes[0] if op.out_shapes else None)
+    if not smax or _numel(smax) % 8:
+        return None
+    bns = _numel(smax) // 8
+    q = ins[0]
+    d = _numel(q) / bns if bns else 0
+    if d < 1:
+        return None
+    if len(smax) == 4:
+        sq = smax[2]
+    elif len(q) == 3:
+        sq = max(q[0], q[1])
+    else:
+        sq = q[2]
+    skv, causal = sq, False
+    for m in ins[3:8]:
+        if m and tuple(m) == tuple(smax):
+            continue                      # the grad's softmax_max input, not a mask
+        if m and len(m) == 4 and m[-2] == sq:
+            skv = m[-1]
+        elif m and len(m) == 2 and tuple(m) == (2048, 2048):
+            causal = True
+    scores = bns * skv * (0.5 if causal else 1.0)
+    fwd = 2 * 2.0 * scores * d
+    return (2.5 * fwd if grad else fwd), (16.0 if grad else 8.0) * scores
+
+
+def _largest_elems(op) -> int:
+    """Elements processed by a vector kernel: its outputs, or its largest operand for in-place updates
+    that record no output (ApplyAdamWV2)."""
+    out = sum(_numel(s) for s in op.out_shapes if s)
+    return max(out, max((_numel(s) for s in op.in_shapes if s), default=0))
+
+
 def features(op) -> Features | None:
     """The parameter-free description of a measured op, or None when the model cannot price it."""
+    if op.type == "MemSet" and not any(op.out_shapes) and not any(op.in_shapes):
+        return Features("fill", op.engine, 0.0, 0.0, "float32", "MemSet")   # size not recorded: a fixed cost
     if not (op.in_shapes or op.out_shapes) or any(s is None for s in list(op.in_shapes) + list(op.out_shapes)):
         return None
     engine = op.engine
@@ -162,6 +234,15 @@ def features(op) -> Features | None:
         return Features("TransData", engine, 0.0, float(in_b + out_b), dtype, pair)
     if engine == "AI_CPU":
         return Features("AI CPU", engine, 0.0, float(in_b + out_b), dtype)
+    if engine.startswith("DSA"):
+        return Features("DSA", engine, 0.0, float(out_b), dtype)
+    if t in FILL_TYPES:
+        return Features("fill", engine, 0.0, float(out_b), dtype)
+    if t in ATTENTION_TYPES:
+        w = _attention_work(op)
+        if w is None:
+            return None
+        return Features("Attention", engine, w[0], float(in_b + out_b), dtype, vflops=w[1])
     if t in CONV_TYPES:
         macs = _conv_macs(op)
         return None if macs is None else Features("Conv", engine, 2.0 * macs, float(in_b + out_b), dtype)
@@ -173,8 +254,17 @@ def features(op) -> Features | None:
     if t in VECTOR_TYPES:
         if t in _OUTPUT_ONLY:
             in_b = 0
-        elems = sum(_numel(s) for s in op.out_shapes if s)
-        per = 8.0 if t in _TRANSCENDENTAL else 1.0
+        elems = _largest_elems(op)
+        per = float(_OPS_PER_ELEMENT.get(t, 8.0 if t in _TRANSCENDENTAL else 1.0))
+        if t.startswith("MaxPoolWithArgmax") and len(op.out_shapes) > 1 and op.out_shapes[1] \
+                and len(op.out_shapes[1]) == 5:
+            # the argmax mask is (N, C1, kh·kw, blocks, 16): every output compares kh·kw inputs and
+            # records the winner (compare + select + index per window element)
+            elems, per = _numel(op.out_shapes[0]), 3.0 * op.out_shapes[1][2]
+        elif (t.startswith("TopK") or t == "Sort") and op.in_shapes and op.in_shapes[0]:
+            # a vector sort of each row: ~log2(n) compare-exchange passes over its n elements
+            elems = _numel(op.in_shapes[0])
+            per = max(1.0, math.log2(max(2, op.in_shapes[0][-1])))
         return Features("vector", engine, per * elems, float(in_b + out_b), dtype)
     return None
 
@@ -183,7 +273,19 @@ def predict(f: Features, p: C.SocProfile) -> float:
     """Predicted device time (µs) of one priced op under profile ``p``."""
     if f.cls == "AI CPU":
         return p.aicpu_launch_us + 1e6 * f.nbytes / (p.aicpu_bandwidth_gbps * 1e9)
+    if f.cls == "fill" and f.pair == "MemSet":
+        return float(p.launch_us_by_engine.get("MemSet", p.launch_for(f.engine)))
     launch = p.launch_for(f.engine)
+    if f.cls == "fill":
+        return launch + 1e6 * f.nbytes / (p.bandwidth_gbps * 1e9 * p.fill_efficiency)
+    if f.cls == "DSA":
+        return launch + 1e6 * f.nbytes / (p.dsa_bandwidth_gbps * 1e9)
+    if f.cls == "Attention":
+        # cube products and the softmax (float32 on the vector unit) alternate tile by tile; the fused
+        # kernel's one efficiency applies to both (the other kernels' vector efficiency is not this one's)
+        comp = ((f.flops / p.cube_peak_flops(f.dtype) + f.vflops / p.vector_peak_flops("float32"))
+                / p.cube_eff(f.dtype, "FlashAttention"))
+        return launch + 1e6 * max(comp, f.nbytes / (p.bandwidth_gbps * 1e9 * p.bw_efficiency))
     if f.cls == "TransData":
         src, dst = f.pair.split("->", 1)
         return p.transdata_launch(src, dst, f.engine) + 1e6 * f.nbytes / (p.bandwidth_gbps * 1e9 * p.transdata_eff(src, dst, f.dtype))
@@ -365,8 +467,8 @@ def render_text(r: CostCheckReport, top: int = 25) -> str:
     return "\n".join(lines)
 
 
-_COLOURS = {"TransData": "#d62728", "Conv": "#1f77b4", "MatMul": "#2ca02c", "vector": "#ff7f0e",
-            "AI CPU": "#9467bd"}
+_COLOURS = {"TransData": "#d62728", "Conv": "#1f77b4", "MatMul": "#2ca02c", "Attention": "#17becf",
+            "vector": "#ff7f0e", "fill": "#bcbd22", "DSA": "#8c564b", "AI CPU": "#9467bd"}
 
 
 def render_html(r: CostCheckReport) -> str:
@@ -442,13 +544,19 @@ measured time.</p>
 # cost fit
 
 #: (parameter, lower, upper): physically plausible ranges (launch: ~1-50 µs per task on any Ascend SoC;
-#: efficiencies are fractions of the datasheet peak; TransData up to 2x HBM peak for L2-resident data)
-_SCALAR_BOUNDS = {"fp32_tflops": (5.0, 400.0), "vector_efficiency": (0.01, 1.0), "bw_efficiency": (0.05, 1.0),
-                  "aicpu_launch_us": (1.0, 500.0), "aicpu_bandwidth_gbps": (0.05, 200.0)}
+#: efficiencies are fractions of the datasheet peak; TransData up to 2x HBM peak for L2-resident data;
+#: the vector unit at least a quarter of its peak: below that, a 310-class AI Core would compute slower
+#: than its AI CPU, and the derived profiles take this efficiency)
+_SCALAR_BOUNDS = {"fp32_tflops": (5.0, 400.0), "vector_efficiency": (0.25, 1.0), "bw_efficiency": (0.05, 1.0),
+                  "aicpu_launch_us": (1.0, 500.0), "aicpu_bandwidth_gbps": (0.05, 200.0),
+                  "fill_efficiency": (0.05, 1.0), "dsa_bandwidth_gbps": (0.5, 400.0)}
 _LAUNCH_BOUNDS = (0.3, 50.0)
 _TD_BOUNDS = (0.01, 3.0)
 _CUBE_BOUNDS = (0.01, 1.0)
 MIN_OPS_PER_PARAM = 2
+#: multi-start: the base profile plus FIT_STARTS - 1 points drawn (seed FIT_SEED) inside the bounds
+FIT_STARTS = 4
+FIT_SEED = 19
 
 
 @dataclasses.dataclass
@@ -482,8 +590,17 @@ def _param_specs(feats: list[Features], base: C.SocProfile) -> list[tuple[str, s
         if f.cls == "AI CPU":
             count[("aicpu",)] += 1
             continue
+        if f.pair == "MemSet":
+            count[("memset",)] += 1
+            continue
         count[("launch", f.engine)] += 1
-        if f.cls == "TransData":
+        if f.cls == "fill":
+            count[("fill",)] += 1
+        elif f.cls == "DSA":
+            count[("dsa",)] += 1
+        elif f.cls == "Attention":
+            count[("attn", f.dtype)] += 1
+        elif f.cls == "TransData":
             count[("td", f"{f.pair}/{f.dtype}")] += 1
             count[("tdlaunch", f.pair)] += 1
         elif f.cls in ("Conv", "MatMul"):
@@ -518,6 +635,15 @@ def _param_specs(feats: list[Features], base: C.SocProfile) -> list[tuple[str, s
         elif kind == "aicpu":
             for k in ("aicpu_launch_us", "aicpu_bandwidth_gbps"):
                 specs.append((k, "", *_SCALAR_BOUNDS[k], getattr(base, k)))
+        elif kind in ("fill", "dsa"):
+            k = "fill_efficiency" if kind == "fill" else "dsa_bandwidth_gbps"
+            specs.append((k, "", *_SCALAR_BOUNDS[k], getattr(base, k)))
+        elif kind == "memset":
+            specs.append(("launch_us_by_engine", "MemSet", *_LAUNCH_BOUNDS,
+                          float(base.launch_us_by_engine.get("MemSet", base.launch_us))))
+        elif kind == "attn":
+            specs.append(("cube_efficiency_by_dtype", f"FlashAttention/{rest[0]}", *_CUBE_BOUNDS,
+                          base.cube_eff(rest[0], "FlashAttention")))
     return specs
 
 
@@ -552,13 +678,26 @@ def _fit_profile(feats, meas, base, specs, name=None, weights=None) -> C.SocProf
     x0 = np.log([_clip(s[4], s[2], s[3]) for s in specs])
     logm = np.log(np.maximum(meas, 1e-3))
     w = np.ones(len(feats)) if weights is None else np.asarray(weights, dtype=float)
+    # the ops repeat (a few hundred distinct op/shape keys among thousands of rows): price each once
+    uniq = list(dict.fromkeys(feats))
+    pos = {f: k for k, f in enumerate(uniq)}
+    idx = np.array([pos[f] for f in feats], dtype=np.intp)
 
     def resid(theta):
         p = _apply(base, specs, np.exp(theta))
-        return w * (np.log([max(predict(f, p), 1e-3) for f in feats]) - logm)
+        logp = np.log(np.maximum([predict(f, p) for f in uniq], 1e-3))
+        return w * (logp[idx] - logm)
 
-    sol = least_squares(resid, x0, bounds=(lo, hi), loss="soft_l1", f_scale=0.4, max_nfev=200)
-    return _apply(base, specs, np.exp(sol.x), name)
+    # the roofline's max() gives the loss several local minima: start from the base profile and from a
+    # few seeded points inside the bounds (the same seed every run: the fit is deterministic), keep the best
+    rng = np.random.default_rng(FIT_SEED)
+    starts = [x0] + [lo + rng.uniform(0.2, 0.8, len(x0)) * (hi - lo) for _ in range(FIT_STARTS - 1)]
+    best = None
+    for start in starts:
+        sol = least_squares(resid, start, bounds=(lo, hi), loss="soft_l1", f_scale=0.4, max_nfev=200)
+        if best is None or sol.cost < best.cost - 1e-12:
+            best = sol
+    return _apply(base, specs, np.exp(best.x), name)
 
 
 def _summary(feats, meas, p) -> dict:
@@ -574,14 +713,17 @@ def fit(captures: Sequence[tuple[str, Sequence[Any]]], base: "str | C.SocProfile
     """
     b = C.get_soc_profile(base)
     per_cap = []
+    types_of: dict[str, list[str]] = {}
     for label, ops in captures:
-        fs, ms = [], []
+        fs, ms, ts = [], [], []
         for op in ops:
             f = features(op)
             if f is not None and op.duration_us > 0:
                 fs.append(f)
                 ms.append(float(op.duration_us))
+                ts.append(op.type)
         per_cap.append((label, fs, ms))
+        types_of[label] = ts
     feats = [f for _, fs, _ in per_cap for f in fs]
     meas = [m for _, _, ms in per_cap for m in ms]
     if len(feats) < 4:
@@ -597,6 +739,7 @@ def fit(captures: Sequence[tuple[str, Sequence[Any]]], base: "str | C.SocProfile
         lf: list[Features] = []
         lm: list[float] = []
         lp: list[float] = []
+        lt: list[str] = []
         per: dict = {}
         for k, (label, fs, ms) in enumerate(per_cap):
             if not fs:
@@ -611,9 +754,11 @@ def fit(captures: Sequence[tuple[str, Sequence[Any]]], base: "str | C.SocProfile
             lf += fs
             lm += ms
             lp += [predict(f, pk) for f in fs]
+            lt += types_of[label]
         if lf:
             loo = _summary_from_pred(lf, lm, lp)
             loo["per_capture"] = per
+            loo["per_type"] = _per_type(lt, lm, lp)
     sources = dict(fitted.sources)
     for table, key, *_ in specs:
         sources[f"{table}.{key}" if key else table] = (f"fitted (robust least squares on log time) on "
@@ -629,6 +774,19 @@ def fit(captures: Sequence[tuple[str, Sequence[Any]]], base: "str | C.SocProfile
     return fitted, FitResult(profile=profile_dict(fitted, b.name), parameters=params, n_ops=len(feats),
                              n_keys=len(keys), in_sample=ins, leave_one_out=loo,
                              captures=[c[0] for c in per_cap])
+
+
+def _per_type(types, meas, preds) -> dict:
+    """Per op type: count, measured and predicted µs, median and p90 |error| %."""
+    by: dict[str, list[tuple[float, float]]] = defaultdict(list)
+    for t, m, pr in zip(types, meas, preds):
+        by[t].append((m, pr))
+    out = {}
+    for t, v in sorted(by.items(), key=lambda kv: -sum(m for m, _ in kv[1])):
+        errs = [abs(pr - m) / m * 100.0 for m, pr in v]
+        out[t] = {"count": len(v), "measured_us": sum(m for m, _ in v), "predicted_us": sum(p for _, p in v),
+                  "median_abs_err_pct": statistics.median(errs), "p90_abs_err_pct": _pctile(errs, 0.9)}
+    return out
 
 
 def _weights(per_cap) -> list[float]:

@@ -64,6 +64,7 @@ import onnx
 from npu_deploy._io import atomic_write, load_npz, output_error
 from npu_deploy._result import Result
 from npu_deploy.converters.lowering import pipeline
+from npu_deploy.converters.lowering.cost import accuracy_note
 from npu_deploy.converters.lowering.atc import require_atc
 from npu_deploy.converters.files.bundle import write_plan_bundle
 from npu_deploy.converters.lowering.convert import convert
@@ -118,6 +119,8 @@ class PrecisionResult(Result):
     baseline_max_abs: float | None = None
     est_us: float | None = None
     baseline_est_us: float | None = None
+    #: how good the cost model behind ``est_us`` is for the SoC (``cost.accuracy_note``, as convert prints)
+    cost_accuracy: str = ""
     evaluations: int = 0
     seconds: float = 0.0
     trace: list = dataclasses.field(default_factory=list)
@@ -143,6 +146,8 @@ class PrecisionResult(Result):
     def verdict(self) -> str:
         cost = self.latency_cost_pct()
         cost_text = f", estimated latency {cost:+.1f} %" if cost is not None else ""
+        if cost is not None and self.cost_accuracy:
+            cost_text += f" ({self.cost_accuracy})"
         partial = "" if self.complete else " (interrupted: best so far)"
         if not self.reached:
             return (f"FAIL: {self.target_text()} not reached{partial}: {self.accuracy_text()} with "
@@ -342,6 +347,8 @@ class PrecisionSearch:
                 h.update(np.ascontiguousarray(s[k]).tobytes())
         h.update(json.dumps([self.mode, self.by_type, self.options.soc,
                              {k: list(v) for k, v in (self.options.input_shapes or {}).items()}]).encode())
+        if self.options.cost_profile is not None:   # a SoC profile JSON prices est_us: another checkpoint
+            h.update(json.dumps(self.options.cost_profile.to_dict(), sort_keys=True, default=str).encode())
         if self.backend != "emulator":   # device results are not the emulator's (emulator keys unchanged)
             h.update(self.backend.encode())
         return h.hexdigest()
@@ -420,7 +427,7 @@ class PrecisionSearch:
         path = self._work / "candidate.bundle"
         write_plan_bundle(path, self._loaded, plan, support=self._support)
         try:
-            with EmulatorBackend(path) as b:
+            with EmulatorBackend(path, session_options=_one_thread_options()) as b:
                 return [b.run(self.output_names, s) for s in self.samples]
         finally:
             path.unlink(missing_ok=True)
@@ -561,6 +568,7 @@ class PrecisionSearch:
                                baseline_cosine=base.cosine if base else None,
                                baseline_max_abs=base.max_abs if base else None,
                                est_us=ev.est_us if ev else None, baseline_est_us=self.baseline_est_us,
+                               cost_accuracy=accuracy_note(self.options.cost_profile or self.options.soc),
                                evaluations=len(self.cache), seconds=round(time.perf_counter() - self.t0, 3),
                                trace=list(self.trace), notes=notes)
 
@@ -570,6 +578,24 @@ class PrecisionSearch:
 
     def close(self) -> None:
         shutil.rmtree(self._work, ignore_errors=True)
+
+
+def _one_thread_options():
+    """onnxruntime options for judging candidates: one intra-op and one inter-op thread, sequential.
+
+    The search compares errors with a threshold, and the kept-op list it returns sits where the error
+    crosses it (on PP-OCR cls at 2e-4 the final list reaches 1.9994e-4): results must not depend on the
+    host's core count or on how its load splits work between threads. One thread is also cheaper here,
+    the candidates are small (PP-OCR cls: 0.16 s CPU per 5 runs less than the default pool, which spins
+    its threads on a loaded machine)."""
+    import onnxruntime as ort  # vendor import, loaded by the emulator anyway
+
+    o = ort.SessionOptions()
+    o.log_severity_level = 4  # failures come back as exceptions, reported in one line
+    o.intra_op_num_threads = 1
+    o.inter_op_num_threads = 1
+    o.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    return o
 
 
 def _est_us(plan) -> float | None:

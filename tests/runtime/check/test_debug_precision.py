@@ -150,3 +150,27 @@ def test_several_samples_in_one_npz_all_judge_the_keep_list(tmp_path):
     assert len(samples) == 2 and set(samples[0]) == {name}
     res = precision_search(SQUEEZENET, samples=samples)
     assert res.samples == 2 and res
+
+
+@pytest.mark.slow
+def test_same_inputs_same_keep_list_whatever_the_host_threads(squeezenet_result, tmp_path, monkeypatch):
+    """The search's result for the same model, inputs and target does not move run to run: a second run,
+    with Python's hash seed and onnxruntime's default thread count changed under it (a host with other
+    cores, or another load), keeps the same ops and reaches the same errors step by step."""
+    import subprocess
+    import sys
+
+    # one CPU for the child (onnxruntime sizes its default pool by the CPUs it may use; here 2)
+    code = ("import json, os, sys; os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[-1]}); "
+            "from npu_deploy.runtime.check.precision import precision_search; "
+            f"r = precision_search({str(SQUEEZENET)!r}, mode='force_fp16', cosine=0.999); "
+            "json.dump({'keep': r.keep, 'trace': [(t['kept'], t['cosine'], t['max_abs']) for t in r.trace]}, "
+            "sys.stdout)")
+    env = {**__import__("os").environ, "PYTHONHASHSEED": "12345"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600,
+                         cwd=str(Path(__file__).resolve().parents[3]))
+    assert out.returncode == 0, out.stderr[-2000:]
+    other = json.loads(out.stdout)
+    first = squeezenet_result
+    assert other["keep"] == first.keep and first.keep
+    assert other["trace"] == [[t["kept"], t["cosine"], t["max_abs"]] for t in first.trace]
