@@ -34,6 +34,11 @@ ALLOWED = {
     # CANN op types read from device files (the names happen to match ONNX ones)
     "converters/lowering/costcheck.py::_TRANSCENDENTAL": "CANN kernel types of profiled rows",
     "converters/lowering/costcheck.py::VECTOR_TYPES": "CANN kernel types of profiled rows",
+    "converters/lowering/costcheck.py::_OPS_PER_ELEMENT": "CANN kernel types of profiled rows, with their "
+                                                          "instructions per element",
+    "converters/lowering/costcheck.py::CLASSES": "cost-check op class labels (Conv, MatMul, Attention, ...), "
+                                                 "not op types",
+    "converters/lowering/costcheck.py::_COLOURS": "the same class labels, with their plot colours",
     # per-op formulas, each with its own code (a column of the table would be the code itself)
     "converters/lowering/cost.py::_ELEMENTWISE": "per-op operation counts of the cost model (cost.py's owner)",
     "converters/lowering/cost.py::_REDUCE": "cost formula group (cost.py's owner)",
