@@ -539,7 +539,38 @@ _CHUNKS_PER_THREAD = 4      # kernel work per thread, in chunks (dynamic balance
 _kernel_lock = threading.Lock()
 # status: "not loaded" (first use pending), "loaded", "failed" or "disabled"; reason says why
 _kernel: dict = {"status": "not loaded", "reason": "", "path": None, "compile_seconds": None, "fn": None,
-                 "fn3": None}
+                 "fn3": None, "isa_fn": None, "isa": None}
+# Instruction sets of the kernel's block transposes (``npd_set_isa``): "auto" takes AVX2 where the CPU
+# reports it (runtime dispatch: one shared object for every x86-64 host), "sse2" keeps the baseline
+# code; NPU_DEPLOY_KERNEL_ISA sets it for the process, :func:`set_isa` at run time (tests, benchmarks).
+_ISA_LEVELS = {"auto": -1, "sse2": 1, "avx2": 2}
+_ISA_NAMES = {1: "sse2", 2: "avx2"}
+
+
+def _isa_env() -> str:
+    """NPU_DEPLOY_KERNEL_ISA (auto / sse2 / avx2); anything else means auto."""
+    v = os.environ.get("NPU_DEPLOY_KERNEL_ISA", "auto").strip().lower()
+    return v if v in _ISA_LEVELS else "auto"
+
+
+def _isa_fn(lib):
+    fn = lib.npd_set_isa
+    fn.argtypes = [ctypes.c_int]
+    fn.restype = ctypes.c_int
+    return fn
+
+
+def set_isa(name: str) -> str:
+    """Use ``name`` ("auto", "sse2" or "avx2") for the kernel's block transposes from now on and return
+    the one in use ("avx2" asked on a CPU without it gives "sse2"); loads the kernel first. Every choice
+    writes the same bytes. Raises ValueError on another name, RuntimeError when the kernel is
+    unavailable."""
+    if name not in _ISA_LEVELS:
+        raise ValueError(f"unknown kernel instruction set {name!r}: use one of {', '.join(_ISA_LEVELS)}")
+    if _kernel_fn() is None:
+        raise RuntimeError(f"the compiled copy kernel is not available: {kernel_info()['reason']}")
+    _kernel["isa"] = _ISA_NAMES[_kernel["isa_fn"](_ISA_LEVELS[name])]
+    return _kernel["isa"]
 
 
 def _kernel_cache_dir() -> Path:
@@ -631,7 +662,9 @@ def _kernel_fn():
                 fn3.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, p64, p64, p64, ctypes.c_int64,
                                 ctypes.c_int]
                 fn3.restype = ctypes.c_int
-                _kernel.update(status="loaded", reason="", path=path, compile_seconds=seconds, fn=fn, fn3=fn3)
+                isa_fn = _isa_fn(lib)
+                _kernel.update(status="loaded", reason="", path=path, compile_seconds=seconds, fn=fn, fn3=fn3,
+                               isa_fn=isa_fn, isa=_ISA_NAMES[isa_fn(_ISA_LEVELS[_isa_env()])])
             except Exception as exc:  # noqa: BLE001 - any failure means "use the numpy paths"
                 _kernel.update(status="failed", reason=f"{type(exc).__name__}: {exc}", fn=None, fn3=None)
                 _log.debug("npu-deploy copy kernel unavailable, using numpy: %s", _kernel["reason"])
@@ -642,7 +675,7 @@ def kernel_info() -> dict:
     """Status of the compiled copy kernel: ``status`` ("loaded", "failed", "disabled" or "not
     loaded"), ``reason`` (why it is not used), ``path`` and ``compile_seconds`` (None when the
     shared object came from the cache). Does not trigger loading."""
-    info = {k: v for k, v in _kernel.items() if k not in ("fn", "fn3")}
+    info = {k: v for k, v in _kernel.items() if k not in ("fn", "fn3", "isa_fn")}
     if not KERNEL_ENABLED:
         info.update(status="disabled", reason="NPU_DEPLOY_KERNEL=0")
     return info
@@ -651,7 +684,8 @@ def kernel_info() -> dict:
 def _reset_kernel() -> None:
     """Forget the loaded kernel (tests): the next use compiles or loads it again."""
     with _kernel_lock:
-        _kernel.update(status="not loaded", reason="", path=None, compile_seconds=None, fn=None, fn3=None)
+        _kernel.update(status="not loaded", reason="", path=None, compile_seconds=None, fn=None, fn3=None,
+                       isa_fn=None, isa=None)
 
 
 try:
