@@ -629,12 +629,112 @@ static void t3_unpack16_avx2(char *d, const char *s, i64 sstride, i64 B) {
     }
 }
 
-/* one npd_tile3 block through AVX2 when it applies (2-byte elements, A = 16, B >= 8, ordinary
- * stores); 0 when the caller must use the SSE2 path */
+/* int8 (C0 = 32): a 32 x B block of bytes (row k at s + k*B) -> B runs of 32 bytes. Rows k and k+16
+ * share a register (16-byte loads: only the low 8 bytes are used; row 31 is loaded ending at the
+ * block's last byte and shifted, so nothing past the block is read), then the 16 x 8 byte transpose
+ * of tr16x8_u8 on both lanes at once gives 8 whole runs. B = 9: column 8 of row j is at byte 9j+8,
+ * which a 16-byte load at 8j+8 (rows 0-15) or 8j+152 (rows 16-31) puts at lane byte j: 16 loads and
+ * 15 byte blends. Needs B >= 8. */
+static const unsigned char npd_u8_lane_mask[16][32] __attribute__((aligned(32))) = {
+#define NPD_M(j) {[j] = 0xff, [16 + j] = 0xff}
+    NPD_M(0), NPD_M(1), NPD_M(2), NPD_M(3), NPD_M(4), NPD_M(5), NPD_M(6), NPD_M(7),
+    NPD_M(8), NPD_M(9), NPD_M(10), NPD_M(11), NPD_M(12), NPD_M(13), NPD_M(14), NPD_M(15)
+#undef NPD_M
+};
+
+__attribute__((target("avx2")))
+static void t3_pack8_avx2(char *d, i64 dstride, const char *s, i64 B) {
+    i64 i = 0;
+    __m256i p[16], a[8], b0[4], b1[4], e[4][2];
+    for (;;) {
+        const char *q = s + i;
+        for (int k = 0; k < 15; k++) p[k] = NPD_LOADU2(q + (k + 16) * B, q + k * B);
+        {
+            /* row 31 (hi) ends 8 - ... bytes before the block end: load the 16 bytes ending at the
+             * row's 8th byte and shift them down */
+            __m128i hi = _mm_srli_si128(_mm_loadu_si128((const __m128i *)(q + 31 * B - 8)), 8);
+            p[15] = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(q + 15 * B))),
+                                            hi, 1);
+        }
+        for (int k = 0; k < 8; k++) a[k] = _mm256_unpacklo_epi8(p[2 * k], p[2 * k + 1]);
+        for (int k = 0; k < 4; k++) {
+            b0[k] = _mm256_unpacklo_epi16(a[2 * k], a[2 * k + 1]);
+            b1[k] = _mm256_unpackhi_epi16(a[2 * k], a[2 * k + 1]);
+        }
+        for (int h = 0; h < 2; h++) {
+            e[0][h] = _mm256_unpacklo_epi32(b0[2 * h], b0[2 * h + 1]);
+            e[1][h] = _mm256_unpackhi_epi32(b0[2 * h], b0[2 * h + 1]);
+            e[2][h] = _mm256_unpacklo_epi32(b1[2 * h], b1[2 * h + 1]);
+            e[3][h] = _mm256_unpackhi_epi32(b1[2 * h], b1[2 * h + 1]);
+        }
+        for (int c = 0; c < 4; c++) {
+            _mm256_storeu_si256((__m256i *)(d + (i + 2 * c) * dstride), _mm256_unpacklo_epi64(e[c][0], e[c][1]));
+            _mm256_storeu_si256((__m256i *)(d + (i + 2 * c + 1) * dstride), _mm256_unpackhi_epi64(e[c][0], e[c][1]));
+        }
+        i += 8;
+        if (i >= B) return;
+        if (B == 9) break;
+        if (i > B - 8) i = B - 8;
+    }
+    __m256i acc = NPD_LOADU2(s + 152, s + 8);
+    for (int j = 1; j < 16; j++)
+        acc = _mm256_blendv_epi8(acc, NPD_LOADU2(s + 8 * j + 152, s + 8 * j + 8),
+                                 _mm256_load_si256((const __m256i *)npd_u8_lane_mask[j]));
+    _mm256_storeu_si256((__m256i *)(d + 8 * dstride), acc);
+}
+
+/* int8 unpack: B runs of 32 bytes (run i at s + i*sstride) -> a 32 x B block (row k at d + k*B).
+ * In-lane 8 x 16 -> 16 x 8 byte transposes (rows 2m, 2m+1 in one lane), 8-byte row stores; B = 9:
+ * column 8 byte by byte. Needs B >= 8. */
+__attribute__((target("avx2")))
+static void t3_unpack8_avx2(char *d, const char *s, i64 sstride, i64 B) {
+    i64 i = 0;
+    __m256i y[8], a[8], b[8], c[8];
+    for (;;) {
+        for (int k = 0; k < 8; k++) y[k] = _mm256_loadu_si256((const __m256i *)(s + (i + k) * sstride));
+        for (int k = 0; k < 4; k++) {          /* a[2k]: rows 0-7 of columns 2k, 2k+1; a[2k+1]: rows 8-15 */
+            a[2 * k] = _mm256_unpacklo_epi8(y[2 * k], y[2 * k + 1]);
+            a[2 * k + 1] = _mm256_unpackhi_epi8(y[2 * k], y[2 * k + 1]);
+        }
+        for (int h = 0; h < 2; h++) {          /* b[4h+q]: columns 4h..4h+3 of rows 4q.. (see below) */
+            b[4 * h + 0] = _mm256_unpacklo_epi16(a[4 * h + 0], a[4 * h + 2]);   /* rows 0-3 */
+            b[4 * h + 1] = _mm256_unpackhi_epi16(a[4 * h + 0], a[4 * h + 2]);   /* rows 4-7 */
+            b[4 * h + 2] = _mm256_unpacklo_epi16(a[4 * h + 1], a[4 * h + 3]);   /* rows 8-11 */
+            b[4 * h + 3] = _mm256_unpackhi_epi16(a[4 * h + 1], a[4 * h + 3]);   /* rows 12-15 */
+        }
+        for (int q = 0; q < 4; q++) {          /* c[2q], c[2q+1]: rows 4q..4q+1, 4q+2..4q+3, 8 columns */
+            c[2 * q] = _mm256_unpacklo_epi32(b[q], b[4 + q]);
+            c[2 * q + 1] = _mm256_unpackhi_epi32(b[q], b[4 + q]);
+        }
+        for (int m = 0; m < 8; m++) {          /* c[m]: rows 2m, 2m+1 (lane 0) and 16+2m, 17+2m (lane 1) */
+            __m128i lo = _mm256_castsi256_si128(c[m]), hi = _mm256_extracti128_si256(c[m], 1);
+            char *o = d + 2 * m * B + i;
+            _mm_storel_epi64((__m128i *)o, lo);
+            _mm_storeh_pd((double *)(o + B), _mm_castsi128_pd(lo));
+            _mm_storel_epi64((__m128i *)(o + 16 * B), hi);
+            _mm_storeh_pd((double *)(o + 17 * B), _mm_castsi128_pd(hi));
+        }
+        i += 8;
+        if (i >= B) return;
+        if (B == 9) break;
+        if (i > B - 8) i = B - 8;
+    }
+    unsigned char t[32];
+    memcpy(t, s + 8 * sstride, 32);
+    for (int k = 0; k < 32; k++) d[k * 9 + 8] = (char)t[k];
+}
+
+/* one npd_tile3 block through AVX2 when it applies (2-byte elements with A = 16 or bytes with
+ * A = 32, B >= 8, ordinary stores); 0 when the caller must use the SSE2 path */
 static inline int t3_block_avx2(char *d, const char *s, i64 A, i64 B, i64 es, i64 bstride, int dir, int nt) {
-    if (nt || es != 2 || A != 16 || B < 8 || !npd_avx2_ok()) return 0;
-    if (dir == 0) t3_pack16_avx2(d, bstride, s, B);
-    else t3_unpack16_avx2(d, s, bstride, B);
+    if (nt || B < 8 || !((es == 2 && A == 16) || (es == 1 && A == 32)) || !npd_avx2_ok()) return 0;
+    if (es == 2) {
+        if (dir == 0) t3_pack16_avx2(d, bstride, s, B);
+        else t3_unpack16_avx2(d, s, bstride, B);
+    } else {
+        if (dir == 0) t3_pack8_avx2(d, bstride, s, B);
+        else t3_unpack8_avx2(d, s, bstride, B);
+    }
     return 1;
 }
 #else
