@@ -282,240 +282,6 @@ static inline void tr4x4_u32_nt(char *d, i64 dstride, const char *s, i64 sstride
     } while (0)
 #endif
 
-/* one nb x na block: d[i*db + j*da] = s[i*sb + j*sa] */
-static void tile_copy(char *d, const char *s, i64 nb, i64 na, i64 db, i64 da, i64 sb, i64 sa, i64 es);
-
-/* nt: write the destination with streaming (non-temporal) stores where the stores are 16-byte
- * aligned and cover whole lines in quick succession (tensors far larger than the caches: no read
- * for ownership, no eviction of the source) */
-static void tile_copy_nt(char *d, const char *s, i64 nb, i64 na, i64 db, i64 da, i64 sb, i64 sa, i64 es,
-                         int nt) {
-#if defined(__SSE2__)
-    if (nt && (es == 16 || es == 32 || es == 64) && da == es && (((uintptr_t)d | (uintptr_t)db) & 15) == 0) {
-        tile_wide_nt(d, s, nb, na, db, sb, sa, es);
-        return;
-    }
-    if (nt && es == 2 && da == 2 && sb == 2 && nb >= 8 && na >= 8 && (na & 7) == 0 && (nb & 7) == 0
-        && (((uintptr_t)d | (uintptr_t)db) & 15) == 0) {
-        for (i64 i = 0; i < nb; i += 8)
-            for (i64 j = 0; j < na; j += 8) tr8x8_u16_nt(d + i * db + j * 2, db, s + j * sa + i * 2, sa);
-        return;
-    }
-    if (nt && es == 1 && da == 1 && sb == 1 && db > 64 && (nb & 7) == 0 && (na & 15) == 0 && nb && na
-        && (((uintptr_t)d | (uintptr_t)db) & 15) == 0) {
-        tile_u8_rows8(d, s, nb, na, db, sa, 1);
-        return;
-    }
-    /* bytes: only when the block's rows are close (pack: 16 rows within 1 KiB), so each line is
-     * completed at once; 16 distant rows (unpack) would leave 16 half-written lines in flight */
-    if (nt && es == 1 && da == 1 && sb == 1 && (nb & 15) == 0 && (na & 15) == 0 && nb && na && db <= 64
-        && sa <= 64 && (((uintptr_t)d | (uintptr_t)db) & 15) == 0) {
-        for (i64 i = 0; i < nb; i += 16)
-            for (i64 j = 0; j < na; j += 16) tr16x16_u8_nt(d + i * db + j, db, s + j * sa + i, sa);
-        return;
-    }
-    if (nt && es == 4 && da == 4 && sb == 4 && (nb & 3) == 0 && (na & 3) == 0 && nb && na
-        && (((uintptr_t)d | (uintptr_t)db) & 15) == 0) {
-        for (i64 i = 0; i < nb; i += 4)
-            for (i64 j = 0; j < na; j += 4) tr4x4_u32_nt(d + i * db + j * 4, db, s + j * sa + i * 4, sa);
-        return;
-    }
-    if (nt && es == 2 && da == 2 && sb == 2 && nb > 8 && (nb & 7) != 0 && na >= 8 && (na & 7) == 0
-        && (((uintptr_t)d | (uintptr_t)db) & 15) == 0) {
-        /* FRACTAL_Z pack (nb = H*W = 9 rows of C0 halves): the 8x8 blocks, then each remaining row
-         * gathered 8 elements at a time, all streamed */
-        i64 nb8 = nb & ~(i64)7;
-        for (i64 i = 0; i < nb8; i += 8)
-            for (i64 j = 0; j < na; j += 8) tr8x8_u16_nt(d + i * db + j * 2, db, s + j * sa + i * 2, sa);
-        for (i64 i = nb8; i < nb; i++)
-            for (i64 j = 0; j < na; j += 8) {
-                const char *q = s + j * sa + i * 2;
-                uint16_t e[8];
-                for (int k = 0; k < 8; k++) memcpy(&e[k], q + k * sa, 2);
-                _mm_stream_si128((__m128i *)(d + i * db + j * 2),
-                                 _mm_setr_epi16((short)e[0], (short)e[1], (short)e[2], (short)e[3], (short)e[4],
-                                                (short)e[5], (short)e[6], (short)e[7]));
-            }
-        return;
-    }
-#else
-    (void)nt;
-#endif
-    tile_copy(d, s, nb, na, db, da, sb, sa, es);
-}
-
-static void tile_copy(char *d, const char *s, i64 nb, i64 na, i64 db, i64 da, i64 sb, i64 sa, i64 es) {
-#if defined(__SSE2__)
-    if (es == 1 && da == 1 && sb == 1 && db > 64 && (nb & 7) == 0 && (na & 15) == 0 && nb && na) {
-        tile_u8_rows8(d, s, nb, na, db, sa, 0);
-        return;
-    }
-    if (es == 1 && da == 1 && sb == 1 && sa > 64 && db <= 64 && (nb & 7) == 0 && (na & 7) == 0 && nb && na) {
-        tile_u8_cols8(d, s, nb, na, db, sa);
-        return;
-    }
-    if (es == 1 && da == 1 && sb == 1 && nb >= 16 && na >= 16) {
-        NPD_BLOCKED(16, tr16x16_u8)
-        return;
-    }
-    if (es == 1 && da == 1 && sb == 1 && nb >= 8 && na >= 8) {
-        NPD_BLOCKED_REM(8, tr8x8_u8, uint8_t);
-        return;
-    }
-    if (es == 4 && da == 4 && sb == 4 && nb >= 4 && na >= 4) {
-        NPD_BLOCKED(4, tr4x4_u32)
-        return;
-    }
-    if (es == 2 && da == 2 && sb == 2 && nb >= 8 && na >= 8) {
-        i64 nb8 = nb & ~(i64)7;
-        if (nb8 < nb && (na & 7) == 0) {
-            /* ragged nb only (FRACTAL_Z pack: nb = H*W = 9): 8x8 blocks, then each remaining
-             * destination row gathered 8 elements at a time (measured faster than an overlap) */
-            for (i64 i = 0; i < nb8; i += 8)
-                for (i64 j = 0; j < na; j += 8) tr8x8_u16(d + i * db + j * 2, db, s + j * sa + i * 2, sa);
-            for (i64 i = nb8; i < nb; i++)
-                for (i64 j = 0; j < na; j += 8) {
-                    const char *q = s + j * sa + i * 2;
-                    uint16_t e[8];
-                    for (int k = 0; k < 8; k++) memcpy(&e[k], q + k * sa, 2);
-                    __m128i v = _mm_cvtsi32_si128(e[0]);
-                    v = _mm_insert_epi16(v, e[1], 1);
-                    v = _mm_insert_epi16(v, e[2], 2);
-                    v = _mm_insert_epi16(v, e[3], 3);
-                    v = _mm_insert_epi16(v, e[4], 4);
-                    v = _mm_insert_epi16(v, e[5], 5);
-                    v = _mm_insert_epi16(v, e[6], 6);
-                    v = _mm_insert_epi16(v, e[7], 7);
-                    _mm_storeu_si128((__m128i *)(d + i * db + j * 2), v);
-                }
-            return;
-        }
-        if ((nb & 7) == 0 && (na & 7) != 0 && na < 32) {
-            /* ragged na only, small (FRACTAL_Z unpack: na = H*W = 9): 8x8 blocks, then the last
-             * columns element by element (an overlapping block would redo 7/8 of a block) */
-            NPD_BLOCKED_REM(8, tr8x8_u16, uint16_t);
-            return;
-        }
-        /* 8x8 blocks; a ragged edge is covered by one more block overlapping the previous one
-         * (rewriting a few elements with the same values: src and dst never overlap) */
-        for (i64 i = 0;; i += 8) {
-            if (i > nb - 8) i = nb - 8;
-            for (i64 j = 0;; j += 8) {
-                if (j > na - 8) j = na - 8;
-                tr8x8_u16(d + i * db + j * 2, db, s + j * sa + i * 2, sa);
-                if (j + 8 >= na) break;
-            }
-            if (i + 8 >= nb) break;
-        }
-        return;
-    }
-#endif
-    switch (es) {
-    case 1: tile_u8(d, s, nb, na, db, da, sb, sa); break;
-    case 2: tile_u16(d, s, nb, na, db, da, sb, sa); break;
-    case 4: tile_u32(d, s, nb, na, db, da, sb, sa); break;
-    case 8: tile_u64(d, s, nb, na, db, da, sb, sa); break;
-    case 16: tile_u128(d, s, nb, na, db, da, sb, sa); break;
-    case 32: tile_u256(d, s, nb, na, db, da, sb, sa); break;
-    case 64: tile_u512(d, s, nb, na, db, da, sb, sa); break;
-    default: tile_any(d, s, nb, na, db, da, sb, sa, es); break;
-    }
-}
-
-/* Advance the odometer over the outer axes (last fastest), moving both pointers; 0 when done. */
-static inline int odometer_next(i64 *idx, int no, const i64 *shape, const i64 *ds, const i64 *ss,
-                                char **d, const char **s) {
-    for (int k = no - 1; k >= 0; k--) {
-        if (++idx[k] < shape[k]) {
-            *d += ds[k];
-            *s += ss[k];
-            return 1;
-        }
-        *d -= (shape[k] - 1) * ds[k];
-        *s -= (shape[k] - 1) * ss[k];
-        idx[k] = 0;
-    }
-    return 0;
-}
-
-int npd_copy(char *dst, const char *src, int nd, const i64 *shape, const i64 *ds, const i64 *ss, i64 es,
-             int mode, i64 tile_a, i64 tile_b) {
-    int nt = (mode & 4) != 0;              /* bit 2: streaming stores (see tile_copy_nt) */
-    mode &= ~4;
-    if (nd < 1 || nd > NPD_MAXND || es < 1 || (mode == 1 && nd < 2) || (mode != 0 && mode != 1))
-        return -1;
-    for (int k = 0; k < nd; k++) {
-        if (shape[k] < 0) return -1;
-        if (shape[k] == 0) return 0;
-    }
-    if (tile_a < 1) tile_a = 1;
-    if (tile_b < 1) tile_b = 1;
-    int inner = mode == 1 ? 2 : 1;         /* axes handled inside the outer loop */
-    int no = nd - inner;                   /* outer axes 0 .. no-1 */
-    i64 idx[NPD_MAXND] = {0};
-    char *d = dst;
-    const char *s = src;
-    i64 na = shape[nd - 1], da = ds[nd - 1], sa = ss[nd - 1];
-    i64 nb = 0, db = 0, sb = 0;
-    if (mode == 1) {
-        nb = shape[nd - 2];
-        db = ds[nd - 2];
-        sb = ss[nd - 2];
-    }
-    for (;;) {
-        if (mode == 0) {
-            row_copy(d, s, na, da, sa, es);
-        } else {
-            for (i64 i = 0; i < nb; i += tile_b) {
-                i64 tb = nb - i < tile_b ? nb - i : tile_b;
-                for (i64 j = 0; j < na; j += tile_a) {
-                    i64 ta = na - j < tile_a ? na - j : tile_a;
-                    tile_copy_nt(d + i * db + j * da, s + i * sb + j * sa, tb, ta, db, da, sb, sa, es, nt);
-                }
-            }
-        }
-        if (!odometer_next(idx, no, shape, ds, ss, &d, &s)) break;
-    }
-#if defined(__SSE2__)
-    if (nt) _mm_sfence();                  /* streaming stores are weakly ordered */
-#endif
-    return 0;
-}
-
-/* ---------------------------------------------------------------------------------------------
- * npd_tile3(dst, src, nd, shape, dst_strides, src_strides, elsize, dir)
- *
- * Many small contiguous blocks transposed into long contiguous runs, or back.  The last three axes
- * are (r, a, b); the others are looped over outermost (axis 0 slowest):
- *   the "block" side has b unit-strided and a stride B*elsize: per r one contiguous A x B block;
- *   the "run" side has a unit-strided and r stride A*elsize: per b one contiguous run of R*A.
- * dir 0: src is the block side, dst the run side (FRACTAL_Z pack: per n one C0 x H*W block of the
- * NCHW weight, per h*w one run of N*C0); dir 1: the reverse (unpack). dir | 4: streaming stores on
- * the run side where they apply (2-byte elements, 16-byte aligned runs).  Per r one A x B <-> B x A
- * transpose (SSE2 8x8 blocks for 2-byte elements), walked without the generic kernel's tile loops,
- * with a software prefetch of the block side a few rows ahead.  (Measured and rejected on the
- * benchmark machine: staging r-tiles through an L1 buffer, with memcpy or non-temporal stores;
- * AVX2 16x8 transposes; n-tiles outside the c1 loop: all slower or within the noise.)
- * Returns 0, or -1 when the strides do not have this structure.
- */
-#define NPD_T3_READ_AHEAD 8     /* rows; measured on FRACTAL_Z [1024, 1024, 3, 3] fp16: pack +10 points */
-#define NPD_T3_WRITE_AHEAD 4    /* rows; unpack +5 points (4, 8 and 16 tried) */
-
-/* software prefetch of the n bytes at p (the block rows are a page or more apart: the hardware
- * prefetchers do not follow them) */
-static inline void npd_prefetch(const char *p, i64 n, int write) {
-#if defined(__GNUC__)
-    for (i64 o = 0; o < n; o += 64) {
-        if (write) __builtin_prefetch(p + o, 1);
-        else __builtin_prefetch(p + o, 0);
-    }
-    if (write) __builtin_prefetch(p + n - 1, 1);
-    else __builtin_prefetch(p + n - 1, 0);
-#else
-    (void)p; (void)n; (void)write;
-#endif
-}
-
 /* ---------------------------------------------------------------------------------------------
  * AVX2 block transposes for npd_tile3, with runtime dispatch: compiled with a per-function target
  * attribute (the rest of the file, and its flags, stay baseline x86-64 / SSE2) and used only when
@@ -683,37 +449,44 @@ static void t3_pack8_avx2(char *d, i64 dstride, const char *s, i64 B) {
     _mm256_storeu_si256((__m256i *)(d + 8 * dstride), acc);
 }
 
-/* int8 unpack: B runs of 32 bytes (run i at s + i*sstride) -> a 32 x B block (row k at d + k*B).
- * In-lane 8 x 16 -> 16 x 8 byte transposes (rows 2m, 2m+1 in one lane), 8-byte row stores; B = 9:
- * column 8 byte by byte. Needs B >= 8. */
+/* 8 source rows of 32 bytes (row c at s + c*sstride) -> 32 destination rows of 8 bytes (row k at
+ * d + k*dstride, byte c = byte k of source row c): in-lane 8 x 16 -> 16 x 8 byte transposes, two
+ * destination rows per lane of each result */
+__attribute__((target("avx2")))
+static inline void tr8x32_u8_avx2(char *d, i64 dstride, const char *s, i64 sstride) {
+    __m256i y[8], a[8], b[8], c[8];
+    for (int k = 0; k < 8; k++) y[k] = _mm256_loadu_si256((const __m256i *)(s + k * sstride));
+    for (int k = 0; k < 4; k++) {          /* a[2k]: rows 0-7 of columns 2k, 2k+1; a[2k+1]: rows 8-15 */
+        a[2 * k] = _mm256_unpacklo_epi8(y[2 * k], y[2 * k + 1]);
+        a[2 * k + 1] = _mm256_unpackhi_epi8(y[2 * k], y[2 * k + 1]);
+    }
+    for (int h = 0; h < 2; h++) {          /* b[4h+q]: columns 4h..4h+3, rows 4q..4q+3 */
+        b[4 * h + 0] = _mm256_unpacklo_epi16(a[4 * h + 0], a[4 * h + 2]);
+        b[4 * h + 1] = _mm256_unpackhi_epi16(a[4 * h + 0], a[4 * h + 2]);
+        b[4 * h + 2] = _mm256_unpacklo_epi16(a[4 * h + 1], a[4 * h + 3]);
+        b[4 * h + 3] = _mm256_unpackhi_epi16(a[4 * h + 1], a[4 * h + 3]);
+    }
+    for (int q = 0; q < 4; q++) {          /* c[2q], c[2q+1]: rows 4q..4q+1, 4q+2..4q+3, 8 columns */
+        c[2 * q] = _mm256_unpacklo_epi32(b[q], b[4 + q]);
+        c[2 * q + 1] = _mm256_unpackhi_epi32(b[q], b[4 + q]);
+    }
+    for (int m = 0; m < 8; m++) {          /* c[m]: rows 2m, 2m+1 (lane 0) and 16+2m, 17+2m (lane 1) */
+        __m128i lo = _mm256_castsi256_si128(c[m]), hi = _mm256_extracti128_si256(c[m], 1);
+        char *o = d + 2 * m * dstride;
+        _mm_storel_epi64((__m128i *)o, lo);
+        _mm_storeh_pd((double *)(o + dstride), _mm_castsi128_pd(lo));
+        _mm_storel_epi64((__m128i *)(o + 16 * dstride), hi);
+        _mm_storeh_pd((double *)(o + 17 * dstride), _mm_castsi128_pd(hi));
+    }
+}
+
+/* int8 unpack: B runs of 32 bytes (run i at s + i*sstride) -> a 32 x B block (row k at d + k*B),
+ * 8 runs at a time through tr8x32_u8_avx2; B = 9: column 8 byte by byte. Needs B >= 8. */
 __attribute__((target("avx2")))
 static void t3_unpack8_avx2(char *d, const char *s, i64 sstride, i64 B) {
     i64 i = 0;
-    __m256i y[8], a[8], b[8], c[8];
     for (;;) {
-        for (int k = 0; k < 8; k++) y[k] = _mm256_loadu_si256((const __m256i *)(s + (i + k) * sstride));
-        for (int k = 0; k < 4; k++) {          /* a[2k]: rows 0-7 of columns 2k, 2k+1; a[2k+1]: rows 8-15 */
-            a[2 * k] = _mm256_unpacklo_epi8(y[2 * k], y[2 * k + 1]);
-            a[2 * k + 1] = _mm256_unpackhi_epi8(y[2 * k], y[2 * k + 1]);
-        }
-        for (int h = 0; h < 2; h++) {          /* b[4h+q]: columns 4h..4h+3 of rows 4q.. (see below) */
-            b[4 * h + 0] = _mm256_unpacklo_epi16(a[4 * h + 0], a[4 * h + 2]);   /* rows 0-3 */
-            b[4 * h + 1] = _mm256_unpackhi_epi16(a[4 * h + 0], a[4 * h + 2]);   /* rows 4-7 */
-            b[4 * h + 2] = _mm256_unpacklo_epi16(a[4 * h + 1], a[4 * h + 3]);   /* rows 8-11 */
-            b[4 * h + 3] = _mm256_unpackhi_epi16(a[4 * h + 1], a[4 * h + 3]);   /* rows 12-15 */
-        }
-        for (int q = 0; q < 4; q++) {          /* c[2q], c[2q+1]: rows 4q..4q+1, 4q+2..4q+3, 8 columns */
-            c[2 * q] = _mm256_unpacklo_epi32(b[q], b[4 + q]);
-            c[2 * q + 1] = _mm256_unpackhi_epi32(b[q], b[4 + q]);
-        }
-        for (int m = 0; m < 8; m++) {          /* c[m]: rows 2m, 2m+1 (lane 0) and 16+2m, 17+2m (lane 1) */
-            __m128i lo = _mm256_castsi256_si128(c[m]), hi = _mm256_extracti128_si256(c[m], 1);
-            char *o = d + 2 * m * B + i;
-            _mm_storel_epi64((__m128i *)o, lo);
-            _mm_storeh_pd((double *)(o + B), _mm_castsi128_pd(lo));
-            _mm_storel_epi64((__m128i *)(o + 16 * B), hi);
-            _mm_storeh_pd((double *)(o + 17 * B), _mm_castsi128_pd(hi));
-        }
+        tr8x32_u8_avx2(d + i, B, s + i * sstride, sstride);
         i += 8;
         if (i >= B) return;
         if (B == 9) break;
@@ -722,6 +495,17 @@ static void t3_unpack8_avx2(char *d, const char *s, i64 sstride, i64 B) {
     unsigned char t[32];
     memcpy(t, s + 8 * sstride, 32);
     for (int k = 0; k < 32; k++) d[k * 9 + 8] = (char)t[k];
+}
+
+/* tile_u8_cols8 through AVX2 (nb a multiple of 32, na of 8; NC1HWC0 int8 pack): 8 source rows
+ * (one L1 set's worth of lines in flight, as there) of 32 bytes per transpose instead of 8 */
+__attribute__((target("avx2")))
+static void tile_u8_cols8_avx2(char *d, const char *s, i64 nb, i64 na, i64 db, i64 sa) {
+    for (i64 i0 = 0; i0 < nb; i0 += 256) {
+        i64 i1 = nb - i0 < 256 ? nb : i0 + 256;
+        for (i64 j = 0; j < na; j += 8)
+            for (i64 i = i0; i < i1; i += 32) tr8x32_u8_avx2(d + i * db + j, db, s + j * sa + i, sa);
+    }
 }
 
 /* one npd_tile3 block through AVX2 when it applies (2-byte elements with A = 16 or bytes with
@@ -747,6 +531,246 @@ static inline int t3_block_avx2(char *d, const char *s, i64 A, i64 B, i64 es, i6
     return 0;
 }
 #endif
+
+/* one nb x na block: d[i*db + j*da] = s[i*sb + j*sa] */
+static void tile_copy(char *d, const char *s, i64 nb, i64 na, i64 db, i64 da, i64 sb, i64 sa, i64 es);
+
+/* nt: write the destination with streaming (non-temporal) stores where the stores are 16-byte
+ * aligned and cover whole lines in quick succession (tensors far larger than the caches: no read
+ * for ownership, no eviction of the source) */
+static void tile_copy_nt(char *d, const char *s, i64 nb, i64 na, i64 db, i64 da, i64 sb, i64 sa, i64 es,
+                         int nt) {
+#if defined(__SSE2__)
+    if (nt && (es == 16 || es == 32 || es == 64) && da == es && (((uintptr_t)d | (uintptr_t)db) & 15) == 0) {
+        tile_wide_nt(d, s, nb, na, db, sb, sa, es);
+        return;
+    }
+    if (nt && es == 2 && da == 2 && sb == 2 && nb >= 8 && na >= 8 && (na & 7) == 0 && (nb & 7) == 0
+        && (((uintptr_t)d | (uintptr_t)db) & 15) == 0) {
+        for (i64 i = 0; i < nb; i += 8)
+            for (i64 j = 0; j < na; j += 8) tr8x8_u16_nt(d + i * db + j * 2, db, s + j * sa + i * 2, sa);
+        return;
+    }
+    if (nt && es == 1 && da == 1 && sb == 1 && db > 64 && (nb & 7) == 0 && (na & 15) == 0 && nb && na
+        && (((uintptr_t)d | (uintptr_t)db) & 15) == 0) {
+        tile_u8_rows8(d, s, nb, na, db, sa, 1);
+        return;
+    }
+    /* bytes: only when the block's rows are close (pack: 16 rows within 1 KiB), so each line is
+     * completed at once; 16 distant rows (unpack) would leave 16 half-written lines in flight */
+    if (nt && es == 1 && da == 1 && sb == 1 && (nb & 15) == 0 && (na & 15) == 0 && nb && na && db <= 64
+        && sa <= 64 && (((uintptr_t)d | (uintptr_t)db) & 15) == 0) {
+        for (i64 i = 0; i < nb; i += 16)
+            for (i64 j = 0; j < na; j += 16) tr16x16_u8_nt(d + i * db + j, db, s + j * sa + i, sa);
+        return;
+    }
+    if (nt && es == 4 && da == 4 && sb == 4 && (nb & 3) == 0 && (na & 3) == 0 && nb && na
+        && (((uintptr_t)d | (uintptr_t)db) & 15) == 0) {
+        for (i64 i = 0; i < nb; i += 4)
+            for (i64 j = 0; j < na; j += 4) tr4x4_u32_nt(d + i * db + j * 4, db, s + j * sa + i * 4, sa);
+        return;
+    }
+    if (nt && es == 2 && da == 2 && sb == 2 && nb > 8 && (nb & 7) != 0 && na >= 8 && (na & 7) == 0
+        && (((uintptr_t)d | (uintptr_t)db) & 15) == 0) {
+        /* FRACTAL_Z pack (nb = H*W = 9 rows of C0 halves): the 8x8 blocks, then each remaining row
+         * gathered 8 elements at a time, all streamed */
+        i64 nb8 = nb & ~(i64)7;
+        for (i64 i = 0; i < nb8; i += 8)
+            for (i64 j = 0; j < na; j += 8) tr8x8_u16_nt(d + i * db + j * 2, db, s + j * sa + i * 2, sa);
+        for (i64 i = nb8; i < nb; i++)
+            for (i64 j = 0; j < na; j += 8) {
+                const char *q = s + j * sa + i * 2;
+                uint16_t e[8];
+                for (int k = 0; k < 8; k++) memcpy(&e[k], q + k * sa, 2);
+                _mm_stream_si128((__m128i *)(d + i * db + j * 2),
+                                 _mm_setr_epi16((short)e[0], (short)e[1], (short)e[2], (short)e[3], (short)e[4],
+                                                (short)e[5], (short)e[6], (short)e[7]));
+            }
+        return;
+    }
+#else
+    (void)nt;
+#endif
+    tile_copy(d, s, nb, na, db, da, sb, sa, es);
+}
+
+static void tile_copy(char *d, const char *s, i64 nb, i64 na, i64 db, i64 da, i64 sb, i64 sa, i64 es) {
+#if defined(__SSE2__)
+    if (es == 1 && da == 1 && sb == 1 && db > 64 && (nb & 7) == 0 && (na & 15) == 0 && nb && na) {
+        tile_u8_rows8(d, s, nb, na, db, sa, 0);
+        return;
+    }
+    if (es == 1 && da == 1 && sb == 1 && sa > 64 && db <= 64 && (nb & 7) == 0 && (na & 7) == 0 && nb && na) {
+#if defined(NPD_AVX2)
+        if ((nb & 31) == 0 && npd_avx2_ok()) {
+            tile_u8_cols8_avx2(d, s, nb, na, db, sa);
+            return;
+        }
+#endif
+        tile_u8_cols8(d, s, nb, na, db, sa);
+        return;
+    }
+    if (es == 1 && da == 1 && sb == 1 && nb >= 16 && na >= 16) {
+        NPD_BLOCKED(16, tr16x16_u8)
+        return;
+    }
+    if (es == 1 && da == 1 && sb == 1 && nb >= 8 && na >= 8) {
+        NPD_BLOCKED_REM(8, tr8x8_u8, uint8_t);
+        return;
+    }
+    if (es == 4 && da == 4 && sb == 4 && nb >= 4 && na >= 4) {
+        NPD_BLOCKED(4, tr4x4_u32)
+        return;
+    }
+    if (es == 2 && da == 2 && sb == 2 && nb >= 8 && na >= 8) {
+        i64 nb8 = nb & ~(i64)7;
+        if (nb8 < nb && (na & 7) == 0) {
+            /* ragged nb only (FRACTAL_Z pack: nb = H*W = 9): 8x8 blocks, then each remaining
+             * destination row gathered 8 elements at a time (measured faster than an overlap) */
+            for (i64 i = 0; i < nb8; i += 8)
+                for (i64 j = 0; j < na; j += 8) tr8x8_u16(d + i * db + j * 2, db, s + j * sa + i * 2, sa);
+            for (i64 i = nb8; i < nb; i++)
+                for (i64 j = 0; j < na; j += 8) {
+                    const char *q = s + j * sa + i * 2;
+                    uint16_t e[8];
+                    for (int k = 0; k < 8; k++) memcpy(&e[k], q + k * sa, 2);
+                    __m128i v = _mm_cvtsi32_si128(e[0]);
+                    v = _mm_insert_epi16(v, e[1], 1);
+                    v = _mm_insert_epi16(v, e[2], 2);
+                    v = _mm_insert_epi16(v, e[3], 3);
+                    v = _mm_insert_epi16(v, e[4], 4);
+                    v = _mm_insert_epi16(v, e[5], 5);
+                    v = _mm_insert_epi16(v, e[6], 6);
+                    v = _mm_insert_epi16(v, e[7], 7);
+                    _mm_storeu_si128((__m128i *)(d + i * db + j * 2), v);
+                }
+            return;
+        }
+        if ((nb & 7) == 0 && (na & 7) != 0 && na < 32) {
+            /* ragged na only, small (FRACTAL_Z unpack: na = H*W = 9): 8x8 blocks, then the last
+             * columns element by element (an overlapping block would redo 7/8 of a block) */
+            NPD_BLOCKED_REM(8, tr8x8_u16, uint16_t);
+            return;
+        }
+        /* 8x8 blocks; a ragged edge is covered by one more block overlapping the previous one
+         * (rewriting a few elements with the same values: src and dst never overlap) */
+        for (i64 i = 0;; i += 8) {
+            if (i > nb - 8) i = nb - 8;
+            for (i64 j = 0;; j += 8) {
+                if (j > na - 8) j = na - 8;
+                tr8x8_u16(d + i * db + j * 2, db, s + j * sa + i * 2, sa);
+                if (j + 8 >= na) break;
+            }
+            if (i + 8 >= nb) break;
+        }
+        return;
+    }
+#endif
+    switch (es) {
+    case 1: tile_u8(d, s, nb, na, db, da, sb, sa); break;
+    case 2: tile_u16(d, s, nb, na, db, da, sb, sa); break;
+    case 4: tile_u32(d, s, nb, na, db, da, sb, sa); break;
+    case 8: tile_u64(d, s, nb, na, db, da, sb, sa); break;
+    case 16: tile_u128(d, s, nb, na, db, da, sb, sa); break;
+    case 32: tile_u256(d, s, nb, na, db, da, sb, sa); break;
+    case 64: tile_u512(d, s, nb, na, db, da, sb, sa); break;
+    default: tile_any(d, s, nb, na, db, da, sb, sa, es); break;
+    }
+}
+
+/* Advance the odometer over the outer axes (last fastest), moving both pointers; 0 when done. */
+static inline int odometer_next(i64 *idx, int no, const i64 *shape, const i64 *ds, const i64 *ss,
+                                char **d, const char **s) {
+    for (int k = no - 1; k >= 0; k--) {
+        if (++idx[k] < shape[k]) {
+            *d += ds[k];
+            *s += ss[k];
+            return 1;
+        }
+        *d -= (shape[k] - 1) * ds[k];
+        *s -= (shape[k] - 1) * ss[k];
+        idx[k] = 0;
+    }
+    return 0;
+}
+
+int npd_copy(char *dst, const char *src, int nd, const i64 *shape, const i64 *ds, const i64 *ss, i64 es,
+             int mode, i64 tile_a, i64 tile_b) {
+    int nt = (mode & 4) != 0;              /* bit 2: streaming stores (see tile_copy_nt) */
+    mode &= ~4;
+    if (nd < 1 || nd > NPD_MAXND || es < 1 || (mode == 1 && nd < 2) || (mode != 0 && mode != 1))
+        return -1;
+    for (int k = 0; k < nd; k++) {
+        if (shape[k] < 0) return -1;
+        if (shape[k] == 0) return 0;
+    }
+    if (tile_a < 1) tile_a = 1;
+    if (tile_b < 1) tile_b = 1;
+    int inner = mode == 1 ? 2 : 1;         /* axes handled inside the outer loop */
+    int no = nd - inner;                   /* outer axes 0 .. no-1 */
+    i64 idx[NPD_MAXND] = {0};
+    char *d = dst;
+    const char *s = src;
+    i64 na = shape[nd - 1], da = ds[nd - 1], sa = ss[nd - 1];
+    i64 nb = 0, db = 0, sb = 0;
+    if (mode == 1) {
+        nb = shape[nd - 2];
+        db = ds[nd - 2];
+        sb = ss[nd - 2];
+    }
+    for (;;) {
+        if (mode == 0) {
+            row_copy(d, s, na, da, sa, es);
+        } else {
+            for (i64 i = 0; i < nb; i += tile_b) {
+                i64 tb = nb - i < tile_b ? nb - i : tile_b;
+                for (i64 j = 0; j < na; j += tile_a) {
+                    i64 ta = na - j < tile_a ? na - j : tile_a;
+                    tile_copy_nt(d + i * db + j * da, s + i * sb + j * sa, tb, ta, db, da, sb, sa, es, nt);
+                }
+            }
+        }
+        if (!odometer_next(idx, no, shape, ds, ss, &d, &s)) break;
+    }
+#if defined(__SSE2__)
+    if (nt) _mm_sfence();                  /* streaming stores are weakly ordered */
+#endif
+    return 0;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * npd_tile3(dst, src, nd, shape, dst_strides, src_strides, elsize, dir)
+ *
+ * Many small contiguous blocks transposed into long contiguous runs, or back.  The last three axes
+ * are (r, a, b); the others are looped over outermost (axis 0 slowest):
+ *   the "block" side has b unit-strided and a stride B*elsize: per r one contiguous A x B block;
+ *   the "run" side has a unit-strided and r stride A*elsize: per b one contiguous run of R*A.
+ * dir 0: src is the block side, dst the run side (FRACTAL_Z pack: per n one C0 x H*W block of the
+ * NCHW weight, per h*w one run of N*C0); dir 1: the reverse (unpack). dir | 4: streaming stores on
+ * the run side where they apply (2-byte elements, 16-byte aligned runs).  Per r one A x B <-> B x A
+ * transpose (SSE2 8x8 blocks for 2-byte elements), walked without the generic kernel's tile loops,
+ * with a software prefetch of the block side a few rows ahead.  (Measured and rejected on the
+ * benchmark machine: staging r-tiles through an L1 buffer, with memcpy or non-temporal stores;
+ * AVX2 16x8 transposes; n-tiles outside the c1 loop: all slower or within the noise.)
+ * Returns 0, or -1 when the strides do not have this structure.
+ */
+#define NPD_T3_READ_AHEAD 8     /* rows; measured on FRACTAL_Z [1024, 1024, 3, 3] fp16: pack +10 points */
+#define NPD_T3_WRITE_AHEAD 4    /* rows; unpack +5 points (4, 8 and 16 tried) */
+
+/* software prefetch of the n bytes at p (the block rows are a page or more apart: the hardware
+ * prefetchers do not follow them) */
+static inline void npd_prefetch(const char *p, i64 n, int write) {
+#if defined(__GNUC__)
+    for (i64 o = 0; o < n; o += 64) {
+        if (write) __builtin_prefetch(p + o, 1);
+        else __builtin_prefetch(p + o, 0);
+    }
+    if (write) __builtin_prefetch(p + n - 1, 1);
+    else __builtin_prefetch(p + n - 1, 0);
+#else
+    (void)p; (void)n; (void)write;
+#endif
+}
 
 /* one r of npd_tile3 (see below) */
 static inline void npd_t3_one(char *d, const char *s, i64 r, i64 R, i64 A, i64 B, i64 es, i64 rstride,
