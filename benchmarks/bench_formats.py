@@ -353,7 +353,8 @@ def kernel_first_use() -> str:
     import subprocess
     ver = subprocess.run([cc, "--version"], capture_output=True, text=True).stdout.splitlines()[0]
     return (f"compiled kernel: first use {first:.2f} s (compile {info['compile_seconds']:.2f} s with "
-            f"`{ver}`, -O3, no -march), later processes {1000 * cached:.1f} ms (load from the cache)")
+            f"`{ver}`, -O3, no -march; block transposes {_fastcopy.kernel_info()['isa']}, runtime dispatch), "
+            f"later processes {1000 * cached:.1f} ms (load from the cache)")
 
 
 def machine() -> str:

@@ -14,6 +14,9 @@
  *
  * npd_tile3(dst, src, nd, shape, dst_strides, src_strides, elsize, dir): small contiguous blocks
  * <-> long contiguous runs (FRACTAL_Z from NCHW and back); see its comment further down.
+ *
+ * npd_set_isa(level): -1 auto (AVX2 where the CPU reports it), 1 SSE2 only, 2 AVX2. The AVX2 code is
+ * compiled per function (target attribute) and chosen at run time, so the file's flags stay baseline.
  */
 #include <stdint.h>
 #include <string.h>
@@ -749,9 +752,10 @@ int npd_copy(char *dst, const char *src, int nd, const i64 *shape, const i64 *ds
  * NCHW weight, per h*w one run of N*C0); dir 1: the reverse (unpack). dir | 4: streaming stores on
  * the run side where they apply (2-byte elements, 16-byte aligned runs).  Per r one A x B <-> B x A
  * transpose (SSE2 8x8 blocks for 2-byte elements), walked without the generic kernel's tile loops,
- * with a software prefetch of the block side a few rows ahead.  (Measured and rejected on the
- * benchmark machine: staging r-tiles through an L1 buffer, with memcpy or non-temporal stores;
- * AVX2 16x8 transposes; n-tiles outside the c1 loop: all slower or within the noise.)
+ * with a software prefetch of the block side a few rows ahead; 16 x B halves and 32 x B bytes through
+ * the AVX2 transposes above where the CPU has them.  (Measured and rejected on the benchmark
+ * machine: staging r-tiles through an L1 buffer, with memcpy or non-temporal stores; n-tiles outside
+ * the c1 loop; prefetch distances 8-64 rows: all slower or within the noise.)
  * Returns 0, or -1 when the strides do not have this structure.
  */
 #define NPD_T3_READ_AHEAD 8     /* rows; measured on FRACTAL_Z [1024, 1024, 3, 3] fp16: pack +10 points */

@@ -37,7 +37,11 @@ innermost axis is short (C0 = 16 elements): numpy then runs a 16-element inner l
    lies inside both arrays before calling it.
 
 The kernel moves 1-, 2- and 4-byte elements through SSE2 register transposes (16x16 and 8x8 bytes,
-8x8 halves, 4x4 words), contiguous runs of 2-64 bytes as one unit (FRACTAL_NZ's C0 rows; 64 bytes
+8x8 halves, 4x4 words); where the CPU reports AVX2 (runtime dispatch: the same shared object, built
+without ``-march``, runs on any x86-64 host) FRACTAL_Z's ``C0 x H·W`` blocks (fp16, int8) and int8
+NC1HWC0 pack go through AVX2 transposes of twice the width instead (``NPU_DEPLOY_KERNEL_ISA=sse2``
+or :func:`set_isa` keeps the baseline; both write the same bytes, see ``test_copykernel_isa.py``);
+contiguous runs of 2-64 bytes move as one unit (FRACTAL_NZ's C0 rows; 64 bytes
 is wider than any numpy type), walks tiles 256 bytes deep along the destination's inner axis (8
 lines: the source column of a FRACTAL_NZ tile then stays in one 8-way L1 set instead of thrashing
 it), and for copies of at least ``_NT_BYTES`` writes with streaming stores where whole lines are
