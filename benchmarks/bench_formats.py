@@ -591,9 +591,12 @@ wall time. The summary and the "off" list under the tables are this run's.
   pages (more than the TLB holds): the r-chunk variants of 128 / 255 blocks keep a pass inside it
   (C harness 0.21 -> 0.44-0.54; in the recipe tuner r255 wins, 0.28 against 0.22 for r innermost),
   but the ratio also moves 2x with the machine's state (fp16 pack 0.45 in a run at load 13-20 before
-  these variants, 0.14 at load 7 when the copy itself ran at 11 GB/s): these rows are not met, and
-  need a different loop structure (long sequential runs on both sides through an L2 stage), not
-  wider registers.
+  these variants, 0.14 at load 7 when the copy itself ran at 11 GB/s). Also measured at 256 MiB and
+  no better (0.40-0.45): tiles over both n and c1 (64-256 n x 4-16 c1, so both sides move runs of
+  2 KiB or more), and prefetching the next n-chunk sequentially. The kernel then moves ~4-4.8 GB/s
+  against 8-11 for the copy; the ordinary stores' read-for-ownership alone caps it near 0.67, so
+  the next step is full-line streaming stores (two n per 64-byte line, the destination's 16-byte
+  misalignment handled at the run ends), not wider registers.
 * **2 threads**: reported (wall clock), not a target of this run: with the load above 1 per core
   the helper thread mostly waits for a core.
 
