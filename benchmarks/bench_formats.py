@@ -595,8 +595,10 @@ wall time. The summary and the "off" list under the tables are this run's.
   no better (0.40-0.45): tiles over both n and c1 (64-256 n x 4-16 c1, so both sides move runs of
   2 KiB or more), and prefetching the next n-chunk sequentially. The kernel then moves ~4-4.8 GB/s
   against 8-11 for the copy; the ordinary stores' read-for-ownership alone caps it near 0.67, so
-  the next step is full-line streaming stores (two n per 64-byte line, the destination's 16-byte
-  misalignment handled at the run ends), not wider registers.
+  full-line streaming stores were tried as well (8 blocks staged in L1 per run, whole lines
+  streamed, the 16-byte misaligned ends stored normally): no better than ordinary stores side by
+  side (0.44-0.64 against 0.62-0.68 at 16 MiB), so not kept. Not wider registers, then, but fewer
+  bytes moved per byte copied is what these rows need.
 * **2 threads**: reported (wall clock), not a target of this run: with the load above 1 per core
   the helper thread mostly waits for a core.
 
