@@ -597,15 +597,16 @@ wall time. The summary and the "off" list under the tables are this run's.
   against 8-11 for the copy; the ordinary stores' read-for-ownership alone caps it near 0.67, so
   full-line streaming stores were tried as well (8 blocks staged in L1 per run, whole lines
   streamed, the 16-byte misaligned ends stored normally): no better than ordinary stores side by
-  side (0.44-0.64 against 0.62-0.68 at 16 MiB), so not kept. Not wider registers, then, but fewer
-  bytes moved per byte copied is what these rows need.
+  side (0.44-0.64 against 0.62-0.68 at 16 MiB), so not kept. What these rows need is not wider
+  registers but a loop structure whose memory traffic matches the copy's; that is not done.
 * **2 threads**: reported (wall clock), not a target of this run: with the load above 1 per core
   the helper thread mostly waits for a core.
 
 Exactness: every path (gather, bound views, every kernel variant, streaming stores, threads, the
 no-kernel fallback, the plain derived interpreter) is checked byte for byte against the independent
 oracle (`test_formats_oracle.py`, `test_formats_tuning.py`) and against each other
-(`test_formats_recipe.py`, `test_formats_fastcopy.py`, `test_copykernel.py`).
+(`test_formats_recipe.py`, `test_formats_fastcopy.py`, `test_copykernel.py`); the SSE2 and AVX2
+kernel paths, each forced, in `test_copykernel_isa.py`.
 """
 
 if __name__ == "__main__":
