@@ -353,7 +353,8 @@ def kernel_first_use() -> str:
     import subprocess
     ver = subprocess.run([cc, "--version"], capture_output=True, text=True).stdout.splitlines()[0]
     return (f"compiled kernel: first use {first:.2f} s (compile {info['compile_seconds']:.2f} s with "
-            f"`{ver}`, -O3, no -march), later processes {1000 * cached:.1f} ms (load from the cache)")
+            f"`{ver}`, -O3, no -march; block transposes {_fastcopy.kernel_info()['isa']}, runtime dispatch), "
+            f"later processes {1000 * cached:.1f} ms (load from the cache)")
 
 
 def machine() -> str:
@@ -547,10 +548,17 @@ and the plain numpy assignment between precomputed views (the *path* column), an
 Calls with new arrays each time, or without `out=`, take the gather as before. The binding keeps its
 two (small) arrays alive until the next binding of that recipe.
 
-**Large tensors** (`converters/formats/_copykernel.c`, SSE2 only): register transposes for 1-, 2- and
+**Large tensors** (`converters/formats/_copykernel.c`): SSE2 register transposes for 1-, 2- and
 4-byte elements, contiguous runs of up to 64 bytes as one unit, cache tiles, optional streaming
 stores, and `npd_tile3` for FRACTAL_Z's many small `C0 x H·W` blocks to and from long runs (with an
-r-chunk loop order as a variant: rc consecutive r for every outer index).
+r-chunk loop order as a variant: rc consecutive r for every outer index, rc = 1 line, 8, 128 or 255).
+Where the CPU reports AVX2 (runtime dispatch: per-function `target("avx2")`, the file itself built
+without `-march`, so the same shared object runs on any x86-64), FRACTAL_Z's fp16 (16 x H·W) and int8
+(32 x H·W) blocks and int8 NC1HWC0 pack use AVX2 transposes of twice the width: two source rows per
+register (one per 128-bit lane), one in-lane 8x8 / 16x8 transpose per 8 columns giving whole 32-byte
+runs, and for 3x3 kernels the ninth column assembled from loads and blends (no shuffles) instead of
+element by element. `NPU_DEPLOY_KERNEL_ISA=sse2` keeps the baseline; `test_copykernel_isa.py` checks
+both paths byte for byte.
 
 ### What is met, what is not, and why
 
@@ -563,27 +571,42 @@ wall time. The summary and the "off" list under the tables are this run's.
   every call paid key building and argument checks that a bound runner now skips. The one row at
   0.81x (NC1HWC0 fp32 unpack, 64 KiB) is past the gather size: its choice between the kernel
   program and the views was measured once, under a load above 10 per core.
-* **Large tensors** (this run: 37 of 60 rows at >= 0.6 of a copy in CPU time, every one of the 60
-  faster than the plain numpy expression, typically 2-10x): NC1HWC0 / NDC1HWC0 fp16 and fp32 and
-  FRACTAL_NZ at both sizes, int8 at 16 MiB; the unpack rows the issue measured at 0.13-0.3 now
-  choose ordinary stores and deeper tiles (*variant* `st-a2048-r0`) and run at 0.9-1.1 at 16 MiB.
-* **Not met: FRACTAL_Z (plain and grouped) in every dtype at 256 MiB and fp16 / int8 at 16 MiB
-  (0.23-0.55), and int8 NC1HWC0 / NDC1HWC0 pack and FRACTAL_NZ int8 pack at 256 MiB (0.42-0.55).**
-  FRACTAL_Z's copy is one 16x9 (32x9 int8) transpose per 288-byte block with a ragged ninth row:
-  measured separately in cache (a 576 KiB weight, in L2) the kernel moves ~12 GB/s against ~45 GB/s
-  for a copy, i.e. it is bound by the SSE2 shuffles, not by the access pattern, and no loop-order
-  variant changes that (the r-chunk order was measured and loses 2x at 16 MiB). A wider (AVX2 /
-  AVX-512 `vpermt2w`) block transpose with runtime dispatch is the next step and is not done. At
-  256 MiB the transposes lose more than the copy to the other jobs' memory traffic (compare the
-  16 MiB rows); the tuner still picks the fastest variant there (streaming stores win at 256 MiB
-  for FRACTAL_NZ unpack, lose for NC1HWC0 unpack).
+* **Large tensors** (these rows: 45 of 60 at >= 0.6 of a copy in CPU time, all 30 at 16 MiB; every
+  one of the 60 faster than the plain numpy expression, typically 2-10x). What the AVX2 transposes
+  changed, 16 MiB, same host: FRACTAL_Z fp16 pack 0.48 -> 0.68, unpack 0.51 -> 0.87, int8 pack 0.38
+  -> 0.65, unpack 0.55 -> 0.60; grouped FRACTAL_Z fp16 pack 0.47 -> 0.87, int8 pack 0.37 -> 0.85;
+  NC1HWC0 int8 pack -> 0.72. Why it was the shuffles and not (only) the access pattern: the same
+  288-byte block reads and 32-byte run writes moved *without* transposing run at ~0.75 of a copy at
+  16 MiB, the SSE2 kernel at ~0.5, its in-cache rate (~17 GB/s fp16, ~8 GB/s int8) adding to the
+  memory time rather than hiding under it; AVX2 raises the in-cache rate to ~27 / ~15 GB/s (C
+  harness over the kernel file, CPU time). Prefetch distances (8-64 blocks) and n-tiles at 16 MiB
+  changed nothing beyond the noise.
+* **Not met: 256 MiB FRACTAL_Z (plain and grouped, 0.14-0.49), int8 NC1HWC0 / NDC1HWC0 pack
+  (0.44-0.57) and FRACTAL_NZ int8 pack (0.50) at 256 MiB.** There the tensors leave the caches and
+  the transposes are bound by the memory system, not by instructions: AVX2 gave no gain on int8
+  NC1HWC0 pack at 256 MiB (0.41 -> 0.42 in the C harness), and the access pattern alone (32 strided
+  source rows read in 256-2048-byte pieces and written contiguously, no transpose) reaches only
+  0.45-0.56 of a copy; prefetching, deeper tiles, fewer source rows in flight and staging through
+  L1 were measured and do not help. For FRACTAL_Z at 256 MiB one pass over n touches 4096 source
+  pages (more than the TLB holds): the r-chunk variants of 128 / 255 blocks keep a pass inside it
+  (C harness 0.21 -> 0.44-0.54; in the recipe tuner r255 wins, 0.28 against 0.22 for r innermost),
+  but the ratio also moves 2x with the machine's state (fp16 pack 0.45 in a run at load 13-20 before
+  these variants, 0.14 at load 7 when the copy itself ran at 11 GB/s). Also measured at 256 MiB and
+  no better (0.40-0.45): tiles over both n and c1 (64-256 n x 4-16 c1, so both sides move runs of
+  2 KiB or more), and prefetching the next n-chunk sequentially. The kernel then moves ~4-4.8 GB/s
+  against 8-11 for the copy; the ordinary stores' read-for-ownership alone caps it near 0.67, so
+  full-line streaming stores were tried as well (8 blocks staged in L1 per run, whole lines
+  streamed, the 16-byte misaligned ends stored normally): no better than ordinary stores side by
+  side (0.44-0.64 against 0.62-0.68 at 16 MiB), so not kept. What these rows need is not wider
+  registers but a loop structure whose memory traffic matches the copy's; that is not done.
 * **2 threads**: reported (wall clock), not a target of this run: with the load above 1 per core
   the helper thread mostly waits for a core.
 
 Exactness: every path (gather, bound views, every kernel variant, streaming stores, threads, the
 no-kernel fallback, the plain derived interpreter) is checked byte for byte against the independent
 oracle (`test_formats_oracle.py`, `test_formats_tuning.py`) and against each other
-(`test_formats_recipe.py`, `test_formats_fastcopy.py`, `test_copykernel.py`).
+(`test_formats_recipe.py`, `test_formats_fastcopy.py`, `test_copykernel.py`); the SSE2 and AVX2
+kernel paths, each forced, in `test_copykernel_isa.py`.
 """
 
 if __name__ == "__main__":

@@ -37,7 +37,11 @@ innermost axis is short (C0 = 16 elements): numpy then runs a 16-element inner l
    lies inside both arrays before calling it.
 
 The kernel moves 1-, 2- and 4-byte elements through SSE2 register transposes (16x16 and 8x8 bytes,
-8x8 halves, 4x4 words), contiguous runs of 2-64 bytes as one unit (FRACTAL_NZ's C0 rows; 64 bytes
+8x8 halves, 4x4 words); where the CPU reports AVX2 (runtime dispatch: the same shared object, built
+without ``-march``, runs on any x86-64 host) FRACTAL_Z's ``C0 x H·W`` blocks (fp16, int8) and int8
+NC1HWC0 pack go through AVX2 transposes of twice the width instead (``NPU_DEPLOY_KERNEL_ISA=sse2``
+or :func:`set_isa` keeps the baseline; both write the same bytes, see ``test_copykernel_isa.py``);
+contiguous runs of 2-64 bytes move as one unit (FRACTAL_NZ's C0 rows; 64 bytes
 is wider than any numpy type), walks tiles 256 bytes deep along the destination's inner axis (8
 lines: the source column of a FRACTAL_NZ tile then stays in one 8-way L1 set instead of thrashing
 it), and for copies of at least ``_NT_BYTES`` writes with streaming stores where whole lines are
@@ -533,7 +537,38 @@ _CHUNKS_PER_THREAD = 4      # kernel work per thread, in chunks (dynamic balance
 _kernel_lock = threading.Lock()
 # status: "not loaded" (first use pending), "loaded", "failed" or "disabled"; reason says why
 _kernel: dict = {"status": "not loaded", "reason": "", "path": None, "compile_seconds": None, "fn": None,
-                 "fn3": None}
+                 "fn3": None, "isa_fn": None, "isa": None}
+# Instruction sets of the kernel's block transposes (``npd_set_isa``): "auto" takes AVX2 where the CPU
+# reports it (runtime dispatch: one shared object for every x86-64 host), "sse2" keeps the baseline
+# code; NPU_DEPLOY_KERNEL_ISA sets it for the process, :func:`set_isa` at run time (tests, benchmarks).
+_ISA_LEVELS = {"auto": -1, "sse2": 1, "avx2": 2}
+_ISA_NAMES = {1: "sse2", 2: "avx2"}
+
+
+def _isa_env() -> str:
+    """NPU_DEPLOY_KERNEL_ISA (auto / sse2 / avx2); anything else means auto."""
+    v = os.environ.get("NPU_DEPLOY_KERNEL_ISA", "auto").strip().lower()
+    return v if v in _ISA_LEVELS else "auto"
+
+
+def _isa_fn(lib):
+    fn = lib.npd_set_isa
+    fn.argtypes = [ctypes.c_int]
+    fn.restype = ctypes.c_int
+    return fn
+
+
+def set_isa(name: str) -> str:
+    """Use ``name`` ("auto", "sse2" or "avx2") for the kernel's block transposes from now on and return
+    the one in use ("avx2" asked on a CPU without it gives "sse2"); loads the kernel first. Every choice
+    writes the same bytes. Raises ValueError on another name, RuntimeError when the kernel is
+    unavailable."""
+    if name not in _ISA_LEVELS:
+        raise ValueError(f"unknown kernel instruction set {name!r}: use one of {', '.join(_ISA_LEVELS)}")
+    if _kernel_fn() is None:
+        raise RuntimeError(f"the compiled copy kernel is not available: {kernel_info()['reason']}")
+    _kernel["isa"] = _ISA_NAMES[_kernel["isa_fn"](_ISA_LEVELS[name])]
+    return _kernel["isa"]
 
 
 def _kernel_cache_dir() -> Path:
@@ -577,7 +612,9 @@ def _kernel_fn():
                 fn3.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, p64, p64, p64, ctypes.c_int64,
                                 ctypes.c_int]
                 fn3.restype = ctypes.c_int
-                _kernel.update(status="loaded", reason="", path=path, compile_seconds=seconds, fn=fn, fn3=fn3)
+                isa_fn = _isa_fn(lib)
+                _kernel.update(status="loaded", reason="", path=path, compile_seconds=seconds, fn=fn, fn3=fn3,
+                               isa_fn=isa_fn, isa=_ISA_NAMES[isa_fn(_ISA_LEVELS[_isa_env()])])
             except Exception as exc:  # noqa: BLE001 - any failure means "use the numpy paths"
                 _kernel.update(status="failed", reason=f"{type(exc).__name__}: {exc}", fn=None, fn3=None)
                 _log.debug("npu-deploy copy kernel unavailable, using numpy: %s", _kernel["reason"])
@@ -588,7 +625,7 @@ def kernel_info() -> dict:
     """Status of the compiled copy kernel: ``status`` ("loaded", "failed", "disabled" or "not
     loaded"), ``reason`` (why it is not used), ``path`` and ``compile_seconds`` (None when the
     shared object came from the cache). Does not trigger loading."""
-    info = {k: v for k, v in _kernel.items() if k not in ("fn", "fn3")}
+    info = {k: v for k, v in _kernel.items() if k not in ("fn", "fn3", "isa_fn")}
     if not KERNEL_ENABLED:
         info.update(status="disabled", reason="NPU_DEPLOY_KERNEL=0")
     return info
@@ -597,7 +634,8 @@ def kernel_info() -> dict:
 def _reset_kernel() -> None:
     """Forget the loaded kernel (tests): the next use compiles or loads it again."""
     with _kernel_lock:
-        _kernel.update(status="not loaded", reason="", path=None, compile_seconds=None, fn=None, fn3=None)
+        _kernel.update(status="not loaded", reason="", path=None, compile_seconds=None, fn=None, fn3=None,
+                       isa_fn=None, isa=None)
 
 
 try:
@@ -651,7 +689,11 @@ def _tiles(shape, unit: int, a_bytes: int) -> tuple[int, int]:
 # a copy with streaming stores and 1.0-1.4 without, NC1HWC0 fp16 pack the other way round.
 VARIANTS: tuple[tuple[bool, int, int], ...] = (
     (False, 256, 0), (False, 2048, 0), (True, 256, 0), (True, 2048, 0),
-    (False, 256, -1), (True, 256, -1), (False, 256, 8), (True, 256, 8))
+    (False, 256, -1), (True, 256, -1), (False, 256, 8), (True, 256, 8),
+    # r-chunks of 128 / 255 blocks: at 256 MiB FRACTAL_Z's source rows (one per n, a page or more
+    # each) outnumber the TLB's entries in one pass over n; chunked, a pass touches at most 255 of them
+    # (C harness, [4096, 3584, 3, 3] fp16 pack: 0.21 of a copy -> 0.44-0.54)
+    (False, 256, 128), (False, 256, 255))
 
 
 def task_variant(fn, args: tuple, nt: bool, a_bytes: int, rc: int = 0) -> tuple:
