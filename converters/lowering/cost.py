@@ -553,31 +553,12 @@ class OpWork:
 
 VIEW_OPS = ops.FREE_OPS   # the op table's cost class "free": no kernel time
 
-# Per-output-element operation counts for elementwise ops (transcendentals cost a few vector
-# instructions each: assumption).
-_ELEMENTWISE = {
-    **dict.fromkeys(["Add", "Sub", "Mul", "Div", "Neg", "Abs", "Relu", "Max", "Min", "Equal",
-                     "Less", "Greater", "LessOrEqual", "GreaterOrEqual", "And", "Or", "Xor", "Not",
-                     "Where", "Cast", "Floor", "Ceil", "Round", "Sign", "Mod", "Clip",
-                     "LeakyRelu", "PRelu", "ThresholdedRelu", "BitShift", "IsNaN", "IsInf",
-                     "CastLike", "Reciprocal", "Sum", "Mean"], 1.0),
-    **dict.fromkeys(["HardSigmoid", "HardSwish", "Selu", "Elu", "Celu", "Shrink"], 3.0),
-    **dict.fromkeys(["Sqrt", "Pow"], 4.0),
-    **dict.fromkeys(["Exp", "Log", "Sigmoid", "Tanh", "Softplus", "Softsign", "Sin", "Cos",
-                     "Tan", "Asin", "Acos", "Atan", "Sinh", "Cosh", "Asinh", "Acosh", "Atanh"],
-                    8.0),
-    **dict.fromkeys(["Erf", "Gelu", "Mish"], 12.0),
-}
-
-_REDUCE = {"ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL1",
-           "ReduceL2", "ReduceLogSum", "ReduceLogSumExp", "ReduceSumSquare", "ArgMax", "ArgMin"}
-
-_MOVE = {"Transpose", "Concat", "Split", "Slice", "Gather", "GatherElements", "GatherND", "Pad",
-         "Tile", "Expand", "ScatterND", "ScatterElements", "DepthToSpace", "SpaceToDepth",
-         "ReverseSequence", "Compress", "Trilu"}
-
-
-_PARTIAL_READ = {"Gather", "GatherElements", "GatherND", "Slice", "Compress"}
+# The cost model's per-op columns (operations per element, reduce / data-movement / partial-read
+# groups) are the op table's (ops.py)
+_ELEMENTWISE = ops.COST_OPS_PER_ELEMENT
+_REDUCE = ops.COST_REDUCE_OPS
+_MOVE = ops.COST_MOVE_OPS
+_PARTIAL_READ = ops.COST_PARTIAL_READ_OPS
 
 
 def _attr(node, name: str, default: Any = None) -> Any:

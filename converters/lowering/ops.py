@@ -16,6 +16,12 @@ What is here (each fact with the GE/FE file it comes from; ``docs/ge-rules.md`` 
   :data:`FREE_OPS` (cost class "free"), :data:`UNARY_ELEMENTWISE` / :data:`BINARY_ELEMENTWISE` /
   :data:`ELEMENTWISE` (fusion and permutation classes), :data:`FORMAT_AGNOSTIC` (the planner's "follow"
   kind), :data:`CUBE_OPS` / :data:`CUBE_C0_OPS`, :data:`MIX_PRECISION_FP32_OPS`.
+* :data:`FORMAT_RULES`: the planner's format-kind column, one :class:`FormatRule` per op (which operands
+  take NC1HWC0 / FRACTAL_Z / FRACTAL_NZ, or follow their producer; ge-rules R1, R5, R16), read through
+  :func:`npu_deploy.converters.lowering.plan_state.rule_for`.
+* The cost model's columns: :data:`COST_OPS_PER_ELEMENT` (vector operations per output element, an
+  assumption), :data:`COST_REDUCE_OPS`, :data:`COST_MOVE_OPS`, :data:`COST_PARTIAL_READ_OPS`, read by
+  :func:`npu_deploy.converters.lowering.cost.op_work`.
 * On a CANN host the installed op info (``converters/lowering/opinfo.py``) narrows the planner's per-SoC
   format columns; :func:`npu_deploy.converters.lowering.support.op_row` shows one op's full row (opsets,
   CANN op, engine per dtype, classes).
@@ -242,3 +248,110 @@ def parser_op(onnx_op: str) -> str:
     """The parser plugin's name for the op doing an ONNX op's work (:data:`PARSER_PRIMARY`, else the
     :func:`cann_op` name)."""
     return PARSER_PRIMARY.get(onnx_op, cann_op(onnx_op))
+
+
+# ------------------------------------------------------------------------------------------------
+# The format preference table (the planner's format-kind column): which format each op wants.
+# ------------------------------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class FormatRule:
+    """How an op takes its operands.
+
+    ``kind``: ``"5hd"`` (activations in NC1HWC0 — NDC1HWC0 for 5-D — weight slot in FRACTAL_Z),
+    ``"matmul"`` (operands and result in FRACTAL_NZ; constant B pre-packed), ``"concat"`` (a producer's
+    blocked format: NC1HWC0 along C for any sizes, FRACTAL_NZ unless it joins a blocked axis with
+    unaligned sizes; constant inputs packed at compile time), ``"follow"`` (format-
+    agnostic: takes its producer's format where broadcasting allows), ``"reduce"`` (ND, or its
+    producer's blocked format when the reduced axes leave the blocked ones whole), ``"slice"`` (the same
+    rule for the axes a Slice cuts), ``"lastaxis"`` (ND, or
+    FRACTAL_NZ when it normalises over the last axis of an NZ input), ``"view"`` (ND, or the input's
+    blocked format when the blocked axes are untouched or the view is half of an attention head
+    split/merge pair, :func:`head_pair`), ``"nd"`` (ND only).
+    """
+
+    kind: str
+    data_slots: tuple[int, ...] = (0,)
+    weight_slot: int | None = None
+    note: str = ""
+
+
+_5HD_NOTE = "its AI Core kernel reads activations in NC1HWC0 (op info: NC1HWC0 only, ge-rules R16)"
+_REDUCE_NOTE = ("{}: in NC1HWC0 (NDC1HWC0) when it reduces spatial axes only, in FRACTAL_NZ when it reduces "
+                "outer axes only, keeping dims; other reductions run in ND")
+FORMAT_RULES: dict[str, FormatRule] = {
+    "Conv": FormatRule("5hd", (0,), 1, "Conv2D/Conv3D: NC1HWC0 (NDC1HWC0) activations, FRACTAL_Z weight "
+                                       "(heavy op, ge-rules R1)"),
+    "ConvTranspose": FormatRule("5hd", (0,), 1, "Conv2DTransposeD: NC1HWC0 activations, FRACTAL_Z weight "
+                                                "(heavy op, ge-rules R1)"),
+    "MaxPool": FormatRule("5hd", note="MaxPoolV3: " + _5HD_NOTE),
+    "AveragePool": FormatRule("5hd", note="AvgPoolV2: " + _5HD_NOTE),
+    "LpPool": FormatRule("5hd", note="AvgPoolV2: " + _5HD_NOTE),
+    "GlobalAveragePool": FormatRule("5hd", note="pooling: " + _5HD_NOTE),
+    "GlobalMaxPool": FormatRule("5hd", note="pooling: " + _5HD_NOTE),
+    "BatchNormalization": FormatRule("5hd", note="BatchNorm: " + _5HD_NOTE),
+    "Resize": FormatRule("5hd", note="Resize/ResizeNearestNeighborV2: " + _5HD_NOTE),
+    "Upsample": FormatRule("5hd", note="Resize: " + _5HD_NOTE),
+    "LRN": FormatRule("5hd", note="LRN: " + _5HD_NOTE),
+    "MaxRoiPool": FormatRule("5hd", note="ROIPooling: " + _5HD_NOTE),
+    "RoiAlign": FormatRule("5hd", note="ROIAlign: " + _5HD_NOTE),
+    "MatMul": FormatRule("matmul", (0, 1), 1, "BatchMatMulV2: the cube reads 16x16 FRACTAL_NZ fractals"),
+    "Gemm": FormatRule("matmul", (0, 1), 1, "MatMulV2: the cube reads 16x16 FRACTAL_NZ fractals"),
+    "Softmax": FormatRule("lastaxis", note="SoftmaxV2 has a FRACTAL_NZ kernel for axis = last (-1 or "
+                                           "rank-1; padding masked); other axes run in ND"),
+    "LogSoftmax": FormatRule("lastaxis", note="LogSoftmaxV2 has a FRACTAL_NZ kernel for axis = last (-1 or "
+                                              "rank-1); other axes run in ND"),
+    "LayerNormalization": FormatRule("lastaxis", note="LayerNorm takes FRACTAL_NZ only over the last axis"),
+    "ReduceMean": FormatRule("reduce", note=_REDUCE_NOTE.format("ReduceMeanD")),
+    "ReduceSum": FormatRule("reduce", note=_REDUCE_NOTE.format("ReduceSumD")),
+    "ReduceMax": FormatRule("reduce", note=_REDUCE_NOTE.format("ReduceMaxD")),
+    "ReduceMin": FormatRule("reduce", note=_REDUCE_NOTE.format("ReduceMinD")),
+    "Reshape": FormatRule("view", note="Reshape keeps a blocked format only if the blocked axes are unchanged"),
+    "Squeeze": FormatRule("view", note="Squeeze keeps a blocked format only if the blocked axes are unchanged"),
+    "Unsqueeze": FormatRule("view", note="Unsqueeze keeps a blocked format only if the blocked axes are unchanged"),
+    "Flatten": FormatRule("view", note="Flatten keeps a blocked format only if the blocked axes are unchanged"),
+    "Transpose": FormatRule("view", note="Transpose keeps FRACTAL_NZ only if it leaves the last two axes alone"),
+    "Identity": FormatRule("view", note="Identity keeps any format"),
+    "Concat": FormatRule("concat", note="ConcatD keeps its producers' blocked format (NC1HWC0 along C "
+                                        "whatever the channel counts; FRACTAL_NZ unless it joins along a "
+                                        "blocked axis with sizes not multiples of the block); constant "
+                                        "inputs are packed at compile time"),
+    "Dropout": FormatRule("view", note="Dropout (inference) keeps any format"),
+    "Slice": FormatRule("slice", note="StridedSliceD: in NC1HWC0 (NDC1HWC0) when it slices N and spatial axes "
+                                      "only, in FRACTAL_NZ when it slices outer axes only; else ND"),
+}
+for _op in sorted(FORMAT_AGNOSTIC):
+    FORMAT_RULES.setdefault(_op, FormatRule("follow", note="elementwise: runs in its producer's format; in "
+                                                  "FRACTAL_NZ when other operands are (M, N), (1, N) or scalar "
+                                                  "(format-agnostic / broadcast, ge-rules R5)"))
+
+
+# ------------------------------------------------------------------------------------------------
+# The cost model's columns (read by converters/lowering/cost.py's op_work)
+# ------------------------------------------------------------------------------------------------
+
+# Per-output-element operation counts for elementwise ops (transcendentals cost a few vector
+# instructions each: assumption).
+COST_OPS_PER_ELEMENT: dict[str, float] = {
+    **dict.fromkeys(["Add", "Sub", "Mul", "Div", "Neg", "Abs", "Relu", "Max", "Min", "Equal",
+                     "Less", "Greater", "LessOrEqual", "GreaterOrEqual", "And", "Or", "Xor", "Not",
+                     "Where", "Cast", "Floor", "Ceil", "Round", "Sign", "Mod", "Clip",
+                     "LeakyRelu", "PRelu", "ThresholdedRelu", "BitShift", "IsNaN", "IsInf",
+                     "CastLike", "Reciprocal", "Sum", "Mean"], 1.0),
+    **dict.fromkeys(["HardSigmoid", "HardSwish", "Selu", "Elu", "Celu", "Shrink"], 3.0),
+    **dict.fromkeys(["Sqrt", "Pow"], 4.0),
+    **dict.fromkeys(["Exp", "Log", "Sigmoid", "Tanh", "Softplus", "Softsign", "Sin", "Cos",
+                     "Tan", "Asin", "Acos", "Atan", "Sinh", "Cosh", "Asinh", "Acosh", "Atanh"],
+                    8.0),
+    **dict.fromkeys(["Erf", "Gelu", "Mish"], 12.0),
+}
+
+COST_REDUCE_OPS = frozenset({"ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL1",
+                             "ReduceL2", "ReduceLogSum", "ReduceLogSumExp", "ReduceSumSquare", "ArgMax",
+                             "ArgMin"})
+# data movement: priced by bytes read and written
+COST_MOVE_OPS = frozenset({"Transpose", "Concat", "Split", "Slice", "Gather", "GatherElements", "GatherND",
+                           "Pad", "Tile", "Expand", "ScatterND", "ScatterElements", "DepthToSpace",
+                           "SpaceToDepth", "ReverseSequence", "Compress", "Trilu"})
+# ... of which these read only the part of their data input they select
+COST_PARTIAL_READ_OPS = frozenset({"Gather", "GatherElements", "GatherND", "Slice", "Compress"})

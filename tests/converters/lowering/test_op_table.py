@@ -40,13 +40,7 @@ ALLOWED = {
                                                  "not op types",
     "converters/lowering/costcheck.py::_COLOURS": "the same class labels, with their plot colours",
     # per-op formulas, each with its own code (a column of the table would be the code itself)
-    "converters/lowering/cost.py::_ELEMENTWISE": "per-op operation counts of the cost model (cost.py's owner)",
-    "converters/lowering/cost.py::_REDUCE": "cost formula group (cost.py's owner)",
-    "converters/lowering/cost.py::_MOVE": "cost formula group (cost.py's owner)",
-    "converters/lowering/cost.py::_PARTIAL_READ": "cost formula group (cost.py's owner)",
     "converters/lowering/cost.py::op_work": "per-op formula branches of the cost model",
-    "converters/lowering/plan_state.py::FORMAT_RULES": "the planner's format-kind column, one FormatRule per "
-                                                       "op with its note (ge-rules R1, R16)",
     "converters/optimize/rules/conv1d_to_conv2d.py::_REGION_OPS": "the ops this rule rewrites with code of "
                                                                   "its own (beside the op table's elementwise)",
 }
