@@ -65,12 +65,13 @@ from npu_deploy._io import atomic_write, load_npz
 from npu_deploy._result import Result
 from npu_deploy._text import printable
 from npu_deploy.converters.files import dump as dumpfmt
+from npu_deploy.converters import formats
 from npu_deploy.converters.formats.graph import axis_perm, is_plain
 from npu_deploy.converters.files import om as omfile
 from npu_deploy.runtime.check.against import _data_edges, _source
 from npu_deploy.converters.files.bundle import read_bundle
 from npu_deploy.converters.files.onnx_model import name_nodes
-from npu_deploy.errors import InputError, ModelError
+from npu_deploy.errors import FormatError, InputError, ModelError
 from npu_deploy.runtime.backend import ORT_TYPES
 from npu_deploy.runtime.check.compare import check_thresholds
 
@@ -759,18 +760,19 @@ def _map_and_compare(dt: DeviceTensor, graph: _Graph, golden: Mapping[str, np.nd
     return row, value
 
 
-# channel-last plain layouts a dump may record, and the ONNX (channel-first) order of the same axes
-_CHANNEL_FIRST_OF = {"NHWC": "NCHW", "NDHWC": "NCDHW", "NWC": "NCW"}
-
-
 def _in_golden_layout(value: np.ndarray, fmt: str, golden_shape) -> np.ndarray:
-    """``value`` (elements in ``fmt``'s axis order) as an array of the golden tensor's shape: a
-    channel-last dump of a channel-first ONNX tensor is transposed, anything else reshaped (same order)."""
+    """``value`` (elements in ``fmt``'s axis order) as an array of the golden tensor's shape: a plain
+    layout whose axis order differs from the ONNX tensor's (NHWC or HWCN of an NCHW tensor: the
+    registry's ``default_origin``) is transposed, anything else reshaped (same order)."""
     golden_shape = tuple(golden_shape)
-    onnx_layout = _CHANNEL_FIRST_OF.get(fmt)
-    if onnx_layout is not None and len(golden_shape) == len(fmt):
-        stored_shape = tuple(golden_shape[k] for k in axis_perm(onnx_layout, fmt))
-        return np.asarray(value).reshape(stored_shape).transpose(axis_perm(fmt, onnx_layout))
+    try:
+        entry = formats.get_format(fmt)
+    except FormatError:
+        entry = None
+    origin = entry.default_origin if entry is not None and entry.plain else None
+    if origin and origin != entry.name and len(origin) == len(entry.name) == len(golden_shape):
+        stored_shape = tuple(golden_shape[k] for k in axis_perm(origin, entry.name))
+        return np.asarray(value).reshape(stored_shape).transpose(axis_perm(entry.name, origin))
     return np.asarray(value).reshape(golden_shape)
 
 
