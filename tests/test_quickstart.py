@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -25,6 +27,7 @@ def test_quickstart_has_exactly_two_commands():
     assert "pytest" in cmds[1]
 
 
+@pytest.mark.slow
 def test_quickstart_main_job_runs(tmp_path):
     steps = [shlex.split(s) for s in quickstart_commands()[0].split("&&")]
     assert steps[0][:2] == ["pip", "install"]

@@ -94,6 +94,7 @@ def test_profile_run_on_a_dynamic_model_hints_only_its_own_flags(real_model, run
 
 
 @pytest.mark.realmodel
+@pytest.mark.slow
 def test_inference_session_on_a_dynamic_onnx_opens_and_takes_its_keyword(real_model):
     """A dynamic .onnx needs no CLI flag through the API: the session opens with the symbolic dims (issue
     24), and the keyword the hints name (input_shapes=) fixes them."""

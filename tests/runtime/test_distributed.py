@@ -480,6 +480,7 @@ def test_progress_bar_only_when_asked_or_on_a_terminal(cluster, tiny, capsys):
     assert err.endswith("\n") and "20/20" in err and "/s on 2 NPUs" in err
 
 
+@pytest.mark.slow
 def test_an_address_where_something_else_listens_fails_in_bounded_time_in_one_line(tiny, tmp_path):
     import socket
     import subprocess

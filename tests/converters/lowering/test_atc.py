@@ -236,7 +236,7 @@ def test_argv_reaches_atc_unchanged_without_a_shell(tmp_path, model, monkeypatch
     assert staged.parent.name.startswith(".atc-") and not staged.parent.exists()
 
 
-@pytest.mark.parametrize("mode", ["fail_EZ3003", "bad_magic", "hang"])
+@pytest.mark.parametrize("mode", ["fail_EZ3003", "bad_magic", pytest.param("hang", marks=pytest.mark.slow)])
 def test_failures_leave_no_output_and_keep_an_existing_om(tmp_path, model, monkeypatch, mode):
     old = tmp_path / "out.om"
     old.write_bytes(b"IMOD previous model")

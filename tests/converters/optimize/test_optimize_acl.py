@@ -109,6 +109,7 @@ def standin_device(monkeypatch, tmp_path):
     _purge_standins()
 
 
+@pytest.mark.slow
 def test_device_slower_rewrite_is_rolled_back_and_faster_one_kept(standin_device, tmp_path):
     src = tmp_path / "m.onnx"
     onnx.save(_model(), src)
@@ -214,6 +215,7 @@ def test_device_timer_needs_keep_if_faster_and_its_tools(tmp_path, monkeypatch):
         AtcAclTimer(runs=0)
 
 
+@pytest.mark.slow
 def test_cli_measure_atc_end_to_end(standin_device, run_cli, tmp_path):
     src = tmp_path / "m.onnx"
     onnx.save(_model(), src)
