@@ -168,7 +168,9 @@ def _external_info(t: onnx.TensorProto) -> dict[str, str]:
     return {e.key: e.value for e in t.external_data}
 
 
-def _read_external(t: onnx.TensorProto, base: Path, ref: ConstantRef) -> np.ndarray:
+def _external_span(t: onnx.TensorProto, base: Path, ref: ConstantRef) -> tuple[Path, int]:
+    """The data file and byte offset of ``t``'s external data, its recorded length checked against
+    the tensor's shape."""
     info = _external_info(t)
     file = _external_file(base, info.get("location", ""), t.name)
     offset = int(info.get("offset", 0))
@@ -176,6 +178,13 @@ def _read_external(t: onnx.TensorProto, base: Path, ref: ConstantRef) -> np.ndar
     if length != ref.nbytes:
         raise ModelError(f"external data of {t.name!r}: length {length} does not match its shape "
                          f"{ref.shape} of {ref.dtype} ({ref.nbytes} bytes)", hint="re-export the model")
+    if offset < 0:
+        raise ModelError(f"external data of {t.name!r}: negative offset {offset}", hint="re-export the model")
+    return file, offset
+
+
+def _read_external(t: onnx.TensorProto, base: Path, ref: ConstantRef) -> np.ndarray:
+    file, offset = _external_span(t, base, ref)
     out = np.empty(ref.shape, dtype=ref.dtype)
     with open(file, "rb") as f:
         f.seek(offset)
@@ -190,15 +199,7 @@ def _read_external(t: onnx.TensorProto, base: Path, ref: ConstantRef) -> np.ndar
 def _mapped_external(t: onnx.TensorProto, base: Path, ref: ConstantRef):
     """``(array, release)`` over the external data of ``t``, memory-mapped read-only (see
     :meth:`LoadedModel.constant_view`); the same checks as :func:`_read_external`."""
-    info = _external_info(t)
-    file = _external_file(base, info.get("location", ""), t.name)
-    offset = int(info.get("offset", 0))
-    length = int(info.get("length", ref.nbytes))
-    if length != ref.nbytes:
-        raise ModelError(f"external data of {t.name!r}: length {length} does not match its shape "
-                         f"{ref.shape} of {ref.dtype} ({ref.nbytes} bytes)", hint="re-export the model")
-    if offset < 0:
-        raise ModelError(f"external data of {t.name!r}: negative offset {offset}", hint="re-export the model")
+    file, offset = _external_span(t, base, ref)
     with open(file, "rb") as f:
         # checked on the open file: a mapping past the end would be a bus error when read, not an exception
         size = os.fstat(f.fileno()).st_size
