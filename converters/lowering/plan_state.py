@@ -41,11 +41,8 @@ MIX_PRECISION_FP32_OPS = ops.MIX_PRECISION_FP32_OPS
 CUBE_OPS = ops.CUBE_OPS
 
 
-# ------------------------------------------------------------------------------------------------
-# The format preference table: the one place that says which format each op wants.
-# ------------------------------------------------------------------------------------------------
-
-# The table lives with the other per-op facts in the op table (ops.py).
+# The format preference table (which format each op wants) is the op table's (ops.py); here the
+# rules for ops outside it and the lookup.
 FormatRule = ops.FormatRule
 FORMAT_RULES = ops.FORMAT_RULES
 _ND_RULE = FormatRule("nd", note="needs ND (its kernel indexes the logical layout; ge-rules R16)")

@@ -118,6 +118,28 @@ def attr(node: onnx.NodeProto, name: str, default: Any = None) -> Any:
     return default
 
 
+def regions(v: "View", members: set[str], starts: Callable[[onnx.NodeProto], bool],
+            neighbours: Callable[[onnx.NodeProto], Sequence[str]]) -> list[tuple[str, ...]]:
+    """The connected groups of ``members``: each grown from a member that ``starts`` accepts, through
+    the node names ``neighbours(node)`` gives (only members join); each group in graph order, groups in
+    the order of their first node."""
+    seen: set[str] = set()
+    out = []
+    for n in v.model.graph.node:
+        if n.name not in members or n.name in seen or not starts(n):
+            continue
+        group, stack = set(), [n.name]
+        while stack:
+            name = stack.pop()
+            if name in seen:
+                continue
+            seen.add(name)
+            group.add(name)
+            stack.extend(m for m in neighbours(v.nodes[name]) if m in members and m not in seen)
+        out.append(tuple(x.name for x in v.model.graph.node if x.name in group))
+    return out
+
+
 @dataclasses.dataclass
 class Change:
     """What one application does: nodes removed, nodes and initializers added, and uses rerouted

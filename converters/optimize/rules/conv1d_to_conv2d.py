@@ -17,6 +17,7 @@ from npu_deploy.converters.optimize.graph import (
     View,
     _conv_is_1d,
     attr,
+    regions,
 )
 
 # the op table's elementwise classes, and the ops this rule rewrites with code of its own
@@ -47,28 +48,15 @@ def _region_member(v: View, n: onnx.NodeProto) -> bool:
 
 def _find_conv1d_regions(v: View) -> list[Match]:
     members = {n.name for n in v.model.graph.node if _region_member(v, n)}
-    seen: set[str] = set()
-    out = []
-    for n in v.model.graph.node:
-        if n.op_type != "Conv" or n.name not in members or n.name in seen:
-            continue
-        region, stack = [], [n.name]
-        while stack:
-            name = stack.pop()
-            if name in seen:
-                continue
-            seen.add(name)
-            region.append(name)
-            node = v.nodes[name]
-            nbrs = [v.producer.get(i) for i in node.input if i]
-            nbrs += [c for o in node.output for c in v.consumers.get(o, [])]
-            for m in nbrs:
-                if m is not None and m.name in members and m.name not in seen:
-                    # a neighbour joins through a 3-D activation (not a constant side input)
-                    stack.append(m.name)
-        order = [x.name for x in v.model.graph.node if x.name in set(region)]
-        out.append(Match(f"conv1d-region:{order[0]}", tuple(order)))
-    return out
+
+    def neighbours(node: onnx.NodeProto) -> list[str]:
+        # a neighbour joins through a 3-D activation (members only: not a constant side input)
+        near = [v.producer.get(i) for i in node.input if i]
+        near += [c for o in node.output for c in v.consumers.get(o, [])]
+        return [m.name for m in near if m is not None]
+
+    return [Match(f"conv1d-region:{r[0]}", r)
+            for r in regions(v, members, lambda n: n.op_type == "Conv", neighbours)]
 
 
 def _check_conv1d(v: View, m: Match) -> str | None:

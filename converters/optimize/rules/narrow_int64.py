@@ -9,7 +9,7 @@ import onnx
 from onnx import TensorProto, helper
 
 from npu_deploy.converters.lowering import ops
-from npu_deploy.converters.optimize.graph import Change, Match, Rule, View
+from npu_deploy.converters.optimize.graph import Change, Match, Rule, View, regions
 
 # op -> input positions that carry data (narrowed); the rest (shapes, axes, indices) stay int64: the
 # op table's column (ops.INT_DATA_INPUTS)
@@ -33,31 +33,16 @@ def _int_candidate(v: View, n: onnx.NodeProto) -> bool:
 
 def _find_int64(v: View) -> list[Match]:
     cands = {n.name for n in v.model.graph.node if _int_candidate(v, n)}
-    seen: set[str] = set()
-    out = []
-    for n in v.model.graph.node:
-        if n.name not in cands or n.name in seen:
-            continue
-        comp, stack = [], [n.name]
-        while stack:
-            name = stack.pop()
-            if name in seen:
-                continue
-            seen.add(name)
-            comp.append(name)
-            node = v.nodes[name]
-            for p in _int_data_positions(node):
-                if p < len(node.input):
-                    q = v.producer.get(node.input[p])
-                    if q is not None and q.name in cands:
-                        stack.append(q.name)
-            for c in v.consumers.get(node.output[0], []):
-                if c.name in cands and any(c.input[p] == node.output[0] for p in _int_data_positions(c)
-                                           if p < len(c.input)):
-                    stack.append(c.name)
-        order = [x.name for x in v.model.graph.node if x.name in set(comp)]
-        out.append(Match(f"int64:{order[0]}", tuple(order)))
-    return out
+
+    def neighbours(node: onnx.NodeProto) -> list[str]:
+        # joined through integer data only: a producer of a data input, a consumer reading it as data
+        near = [v.producer.get(node.input[p]) for p in _int_data_positions(node) if p < len(node.input)]
+        near += [c for c in v.consumers.get(node.output[0], [])
+                 if c.name in cands  # (only candidates have data positions)
+                 and any(c.input[p] == node.output[0] for p in _int_data_positions(c) if p < len(c.input))]
+        return [m.name for m in near if m is not None]
+
+    return [Match(f"int64:{r[0]}", r) for r in regions(v, cands, lambda n: True, neighbours)]
 
 
 def _fits_int32(a: np.ndarray | None) -> bool:
