@@ -93,6 +93,7 @@ def build(source: Path, name: str, flags: list[str]) -> tuple[str, float | None]
             raise RuntimeError(f"{cc} failed ({r.returncode}): {r.stderr.decode(errors='replace')[-500:]}")
         os.chmod(tmp, 0o755)
         os.replace(tmp, target)     # atomic: concurrent first uses each install a complete file
+        check_owned(target)         # the folder may have existed before, shared (NPU_DEPLOY_CACHE=/tmp/x)
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(tmp)

@@ -33,21 +33,12 @@
 #include <stdint.h>
 #include <string.h>
 
-/* byte classes of an unquoted field: 0 plain, 1 separator, 2 LF, 3 CR, 4 quote, 5 NUL, 6 0x1E/0x1F */
-static unsigned char cls[256];
-static int cls_ready = 0;
-
-static void init_cls(void) {
-    memset(cls, 0, sizeof cls);
-    cls[(unsigned char)','] = 1;
-    cls[(unsigned char)'\n'] = 2;
-    cls[(unsigned char)'\r'] = 3;
-    cls[(unsigned char)'"'] = 4;
-    cls[0] = 5;
-    cls[0x1E] = 6;
-    cls[0x1F] = 6;
-    cls_ready = 1;
-}
+/* byte classes of an unquoted field: 0 plain, 1 separator, 2 LF, 3 CR, 4 quote, 5 NUL, 6 0x1E/0x1F.
+   A constant table: ctypes releases the GIL, so two threads may scan at once (nothing is initialised
+   lazily). */
+static const unsigned char cls[256] = {
+    [0] = 5, ['\n'] = 2, ['\r'] = 3, ['"'] = 4, [','] = 1, [0x1E] = 6, [0x1F] = 6,
+};
 
 /* First position at or after j whose byte is not plain (cls != 0), or len. Eight bytes at a time where
    the compiler says the machine is little-endian: every special byte is below 0x2D, and the lowest byte
@@ -72,11 +63,11 @@ static inline int64_t scan_plain(const unsigned char *buf, int64_t j, int64_t le
 int npd_csv_scan(const unsigned char *buf, int64_t len, int at_eof, int ncols, const unsigned char *keep,
                  int pad, int64_t max_field, unsigned char *out, int64_t out_cap, int64_t *line_of_row,
                  int64_t max_rows, int64_t *state) {
-    if (!cls_ready) init_cls();
     int64_t pos = state[0], lines = state[1], rows = 0, o = 0;
     int consecutive = 1;
     int64_t first_line = 0;
     int status = 0;
+    state[2] = state[3] = 0; state[4] = 1; state[5] = 0;   /* no stale output on any return */
     if (ncols <= 0 || pos < 0 || pos > len) return 1;
     int last_kept = -1;
     for (int c = 0; c < ncols; c++) if (keep[c]) last_kept = c;

@@ -168,23 +168,29 @@ def _external_info(t: onnx.TensorProto) -> dict[str, str]:
     return {e.key: e.value for e in t.external_data}
 
 
-def _external_span(t: onnx.TensorProto, base: Path, ref: ConstantRef) -> tuple[Path, int]:
-    """The data file and byte offset of ``t``'s external data, its recorded length checked against
-    the tensor's shape."""
+def _external_span(t: onnx.TensorProto, base: Path) -> tuple[Path, int, int]:
+    """The data file, byte offset and byte length of ``t``'s external data: offset and length are
+    integers, the length is the one the tensor's dims and type give, the offset is not negative."""
     info = _external_info(t)
     file = _external_file(base, info.get("location", ""), t.name)
-    offset = int(info.get("offset", 0))
-    length = int(info.get("length", ref.nbytes))
-    if length != ref.nbytes:
+    dtype = _np_dtype(t.data_type)
+    nbytes = int(np.prod(tuple(t.dims), dtype=np.int64)) * dtype.itemsize
+    try:
+        offset = int(info.get("offset", 0))
+        length = int(info.get("length", nbytes))
+    except ValueError:
+        raise ModelError(f"external data of {t.name!r}: offset {info.get('offset')!r} / length "
+                         f"{info.get('length')!r} are not whole numbers", hint="re-export the model") from None
+    if length != nbytes:
         raise ModelError(f"external data of {t.name!r}: length {length} does not match its shape "
-                         f"{ref.shape} of {ref.dtype} ({ref.nbytes} bytes)", hint="re-export the model")
+                         f"{list(t.dims)} of {dtype} ({nbytes} bytes)", hint="re-export the model")
     if offset < 0:
         raise ModelError(f"external data of {t.name!r}: negative offset {offset}", hint="re-export the model")
-    return file, offset
+    return file, offset, nbytes
 
 
 def _read_external(t: onnx.TensorProto, base: Path, ref: ConstantRef) -> np.ndarray:
-    file, offset = _external_span(t, base, ref)
+    file, offset, _ = _external_span(t, base)
     out = np.empty(ref.shape, dtype=ref.dtype)
     with open(file, "rb") as f:
         f.seek(offset)
@@ -199,7 +205,7 @@ def _read_external(t: onnx.TensorProto, base: Path, ref: ConstantRef) -> np.ndar
 def _mapped_external(t: onnx.TensorProto, base: Path, ref: ConstantRef):
     """``(array, release)`` over the external data of ``t``, memory-mapped read-only (see
     :meth:`LoadedModel.constant_view`); the same checks as :func:`_read_external`."""
-    file, offset = _external_span(t, base, ref)
+    file, offset, _ = _external_span(t, base)
     with open(file, "rb") as f:
         # checked on the open file: a mapping past the end would be a bus error when read, not an exception
         size = os.fstat(f.fileno()).st_size
@@ -830,11 +836,8 @@ def _check_external(model: onnx.ModelProto, p: Path) -> None:
         if not file.is_file():
             raise ModelError(f"{p.name}: external data file {info.get('location')!r} of tensor {t.name!r} "
                              f"is missing", hint=f"copy it next to the model ({p.parent})")
-        offset = int(info.get("offset", 0))
-        length = info.get("length")
-        itemsize = _np_dtype(t.data_type).itemsize
-        expected = int(np.prod(tuple(t.dims), dtype=np.int64)) * itemsize
-        need = offset + (int(length) if length is not None else expected)
+        _, offset, nbytes = _external_span(t, p.parent)
+        need = offset + nbytes
         if file.stat().st_size < need:
             raise ModelError(f"{p.name}: external data file {file.name} is too short for tensor {t.name!r} "
                              f"(needs {need} bytes, has {file.stat().st_size})",

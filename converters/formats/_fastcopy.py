@@ -579,10 +579,6 @@ def _find_cc() -> str | None:
     return _cbuild.find_cc()
 
 
-def _check_owned(path: Path) -> None:
-    _cbuild.check_owned(path)
-
-
 def _build_kernel() -> tuple[str, float | None]:
     """Path of the compiled kernel (compiled now if not cached) and the compile time (None: cached).
     Raises on any failure (the shared builder, :mod:`npu_deploy._cbuild`)."""

@@ -340,8 +340,22 @@ def _start_workers(ray, model: Path, n: int, backend: str, threads: int | None, 
     actors = [cls.options(name=f"{WORKER_PREFIX}-{run_id}-{k}", resources={"NPU": 1}, num_cpus=0,
                           max_restarts=MAX_RESTARTS, max_task_retries=1)
               .remote(str(model.resolve()), backend, threads, model_ref) for k in range(n)]
-    _ask(ray, actors, model, [a.info.remote() for a in actors])
+    try:
+        _ask(ray, actors, model, [a.info.remote() for a in actors])
+    except BaseException:
+        # not yet the pool's (its shutdown does not know them): a failed start, Ctrl-C or SIGTERM during
+        # the wait must not leave them holding NPUs on a joined cluster
+        _kill_all(ray, actors)
+        raise
     return actors
+
+
+def _kill_all(ray, actors: list) -> None:
+    for a in actors:
+        try:
+            ray.kill(a, no_restart=True)
+        except Exception:  # already gone
+            pass
 
 
 def _worker_infos(ray, actors: list, model: Path, probes: list[str]) -> list[dict]:
@@ -362,13 +376,11 @@ def _ask(ray, actors: list, model: Path, refs: list) -> list:
     try:
         return ray.get(refs, timeout=ACTOR_START_TIMEOUT_S)
     except ray.exceptions.GetTimeoutError:
-        for a in actors:
-            ray.kill(a, no_restart=True)
+        _kill_all(ray, actors)
         raise ExternalError(f"{n} NPU workers did not start within {ACTOR_START_TIMEOUT_S:g} s "
                             f"(NPUs busy with other work?)", hint="check `ray status`") from None
     except ray.exceptions.RayActorError as e:
-        for a in actors:
-            ray.kill(a, no_restart=True)
+        _kill_all(ray, actors)
         cause = _actor_cause(e)
         raise (cause if isinstance(cause, NpuDeployError) else
                ExternalError(f"an NPU worker could not open {model} ({_first_line(e)})")) from None

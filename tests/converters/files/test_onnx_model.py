@@ -167,6 +167,36 @@ def test_external_data_outside_folder_refused(tmp_path):
         load_model(path)
 
 
+@pytest.mark.parametrize("key, value, match", [("offset", "1e3", "not whole numbers"),
+                                               ("length", "abc", "not whole numbers"),
+                                               ("length", "12", "length 12 does not match its shape"),
+                                               ("offset", "-4", "negative offset")])
+def test_external_data_fields_that_lie_are_refused_at_load(tmp_path, key, value, match):
+    """Untrusted offset/length strings: one ModelError at load, not a ValueError or a late failure."""
+    t = numpy_helper.from_array(np.zeros((2, 2), np.float32), "w")
+    (tmp_path / "w.bin").write_bytes(bytes(64))
+    t.data_location = TensorProto.EXTERNAL
+    t.ClearField("raw_data")
+    fields = {"location": "w.bin", "offset": "0", "length": "16", key: value}
+    for k, v in fields.items():
+        e = t.external_data.add()
+        e.key, e.value = k, v
+    path = _save(tmp_path, [helper.make_node("Add", ["x", "w"], ["y"])], [_vi("x", [2, 2])], [_vi("y", [2, 2])], [t])
+    with pytest.raises(ModelError, match=match):
+        load_model(path)
+
+
+def test_large_inline_weight_whose_bytes_disagree_with_its_dims_is_refused_at_load(tmp_path):
+    """A >= 1 MiB initializer read in place (not parsed) is checked against its dims as a parsed one is."""
+    w = numpy_helper.from_array(np.zeros((512, 1024), np.float32), "w")   # 2 MiB of raw data
+    del w.dims[:]
+    w.dims.extend([500, 1024])                                          # dims say 2,048,000 bytes
+    path = _save(tmp_path, [helper.make_node("MatMul", ["x", "w"], ["y"])], [_vi("x", [1, 500])],
+                 [_vi("y", [1, 1024])], [w])
+    with pytest.raises(ModelError):
+        load_model(path)
+
+
 def test_cycle_and_dangling(tmp_path):
     cyc = _save(tmp_path, [helper.make_node("Relu", ["b"], ["a"], name="r1"),
                            helper.make_node("Relu", ["a"], ["b"], name="r2")],
