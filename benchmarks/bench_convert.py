@@ -298,8 +298,8 @@ def write_markdown(path: Path, big: dict | None, pl: dict, real: list[dict] | No
              f"Python {platform.python_version()}, by `python benchmarks/bench_convert.py`. "
              "Each figure comes from a fresh subprocess; the baseline and the conversions ran in the same run.", ""]
     if big is not None:
-        lines += [f"Host: {big['host']}. The machine is shared by about 8 engineers' jobs: wall times are "
-                  "inflated, CPU times much less; peak RSS does not depend on load.", ""]
+        lines += [f"Host: {big['host']}. Read the CPU-time columns (wall times follow the host's other work); "
+                  "peak RSS does not depend on load.", ""]
         for key, title in (("external", "external data: three MatMul weights + one 3×3 Conv weight"),
                            ("inline", "weights inside the .onnx: one MatMul weight + the Conv weight")):
             c = big.get(key)
