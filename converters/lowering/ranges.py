@@ -24,7 +24,7 @@ import dataclasses
 from typing import Any, Callable, Mapping, Sequence
 
 from npu_deploy.converters.files.onnx_model import declared_io, fmt_range_shape
-from npu_deploy.converters.lowering import pipeline
+from npu_deploy.converters.lowering import opinfo, pipeline
 from npu_deploy.errors import InputError
 
 
@@ -50,6 +50,11 @@ def plan_for_range(ctx: pipeline.Lowering, say: Callable[[str, float | None], No
     """Plan ``ctx`` (loaded at the largest shape of ``ctx.options.shape_ranges``, op support checked)
     for the whole range: ``ctx.plan`` is the largest's plan, marked dynamic where the range varies."""
     o = ctx.options
+    if o.op_info is not None and not isinstance(o.op_info, opinfo.OpInfo):
+        # both ends are planned: read the installed op info once for the two
+        installed = opinfo.resolve(o.op_info, o.soc)[0]
+        if installed is not None:
+            o = ctx.options = dataclasses.replace(o, op_info=installed)
     ranges = dict(o.shape_ranges or {})
     shown = describe(o.input_shapes, ranges)
     unbounded = [n for n, rng in ranges.items() if any(r and r[1] == -1 for r in rng)]

@@ -330,3 +330,19 @@ def test_atc_backend_notes_that_it_ignores_op_info():
     assert notes == ["--op-info applies to the built-in lowering; ATC reads the op info of its own CANN install "
                      "($ASCEND_OPP_PATH)"]
     assert ConvertOptions(backend="builtin", op_info="/opt/opp").for_backend("builtin", "requested") == []
+
+
+def test_a_shape_range_convert_reads_the_op_info_once(tmp_path, no_env, monkeypatch):
+    """Both ends of a range are planned; the installed files are read for the first, not again."""
+    import npu_deploy
+    reads = []
+    real = opinfo.load_op_info
+    monkeypatch.setattr(opinfo, "load_op_info", lambda *a, **k: reads.append(a) or real(*a, **k))
+    opp = _opp(tmp_path, ops=_relu("float16,float", "ND,ND"))
+    m = onnx.load(_conv_relu_conv(tmp_path))
+    for vi in (m.graph.input[0], m.graph.output[0]):
+        vi.type.tensor_type.shape.dim[0].dim_param = "N"       # a dynamic batch
+    onnx.save(m, tmp_path / "dyn.onnx")
+    res = npu_deploy.convert(tmp_path / "dyn.onnx", output=tmp_path / "r.bundle", backend="builtin",
+                             soc="Ascend310P3", input_shapes={"x": "1~4,16,8,8"}, op_info=opp)
+    assert len(res.plan["transdata"]) == 4 and len(reads) == 1, reads
