@@ -155,6 +155,7 @@ class InferenceSession:
         self.conversion = ""
         self.source_model: Path | None = None
         self._declared: dict | None = None   # the source .onnx's dim names, read on first get_inputs()
+        self._graph_dims: dict = {}          # (kind, name) -> the bundle graph's dim names, once each
         self._sess_options = sess_options
         self._shape_cache: ShapeCache | None = None
         kind = sniff_model(self.path)
@@ -322,13 +323,11 @@ class InferenceSession:
             return self._backend.dim_names(kind, meta.name)
         graph = getattr(self._backend, "_graph", None)
         if graph is not None:
-            for vi in (graph.graph.input if kind == "input" else graph.graph.output):
-                if vi.name == meta.name and vi.type.HasField("tensor_type"):
-                    dims = vi.type.tensor_type.shape.dim
-                    if len(dims) == len(meta.shape):
-                        invented = {f"{i.name}_dim{k}" for i in graph.graph.input for k in range(MAX_RANK)}
-                        return [None if _invented_dim_name(d.dim_param) or d.dim_param in invented else d.dim_param
-                                for d in dims]
+            if (kind, meta.name) not in self._graph_dims:
+                self._graph_dims[kind, meta.name] = _graph_dim_names(graph.graph, kind, meta.name)
+            names = self._graph_dims[kind, meta.name]
+            if names is not None and len(names) == len(meta.shape):
+                return list(names)
         return [None] * len(meta.shape)
 
     def get_providers(self) -> list[str]:
@@ -779,6 +778,17 @@ def _invented_dim_name(name: str) -> bool:
     ``onnx_model._set_shape``; :meth:`InferenceSession._dim_names` drops those too.) onnxruntime reports
     such a dim of the original model as None."""
     return not name or _UNK_DIM.fullmatch(name) is not None
+
+
+def _graph_dim_names(graph, kind: str, name: str) -> list[str | None] | None:
+    """The dim names of graph input/output ``name`` without the ones the toolchain invents (None: not
+    a tensor of the graph)."""
+    for vi in (graph.input if kind == "input" else graph.output):
+        if vi.name == name and vi.type.HasField("tensor_type"):
+            invented = {f"{i.name}_dim{k}" for i in graph.input for k in range(MAX_RANK)}
+            return [None if _invented_dim_name(d.dim_param) or d.dim_param in invented else d.dim_param
+                    for d in vi.type.tensor_type.shape.dim]
+    return None
 
 
 def _ort_dims(path: str | os.PathLike) -> dict[str, dict[str, list]]:
