@@ -75,7 +75,7 @@ import numpy as np
 from npu_deploy.errors import AclError, DependencyError, InputError, InternalError, OmError
 from npu_deploy.runtime import device
 from npu_deploy.runtime.acl_codes import check, error_for
-from npu_deploy.runtime.backend import Backend, Gear, TensorMeta
+from npu_deploy.runtime.backend import Backend, Gear, TensorMeta, check_ranges
 from npu_deploy._io import atomic_write, make_output_folder
 from npu_deploy.converters import formats
 from npu_deploy.converters.files.om import preflight_info
@@ -438,19 +438,7 @@ class AclBackend(Backend):
 
     def _check_ranges(self, feeds: Mapping[str, np.ndarray]) -> None:
         """Refuse a feed outside a shape-range model's range, naming the input and the range (exit 2)."""
-        for t in self._inputs:
-            if t.range is None or t.pack_format is not None:
-                continue
-            shape = np.shape(feeds[t.meta.name])
-            if len(shape) != len(t.range):
-                continue   # the rank is the base class's to report
-            for axis, (v, (lo, hi)) in enumerate(zip(shape, t.range)):
-                if v < lo or (hi != -1 and v > hi):
-                    shown = ",".join(str(lo) if lo == hi else f"{lo}~{hi}" for lo, hi in t.range)
-                    raise InputError(f"input {t.meta.name!r}: shape {','.join(map(str, shape))} is outside the "
-                                     f"range {shown} the model was converted for (axis {axis}: {v} not in "
-                                     f"{lo}~{hi})",
-                                     hint=f"feed a shape inside {t.meta.name}:{shown}, or convert for a wider range")
+        check_ranges(self.ranges, self.get_inputs(), feeds, "the model was converted for")
 
     # ------------------------------------------------------------------ loading: acllite
     def _load_acllite(self, lite: Any) -> None:

@@ -76,6 +76,7 @@ from typing import Any, Iterator, Sequence
 
 import numpy as np
 
+from npu_deploy.converters.files.onnx_model import fmt_range_shape
 from npu_deploy.errors import InputError, InternalError
 
 # onnxruntime's tensor type names (``NodeArg.type``) -> numpy dtype names: the one table, for the
@@ -441,3 +442,22 @@ class Backend:
         given = ", ".join(f"{n}:{','.join(map(str, shapes[n]))}" for n in gears[0])
         raise InputError(f"input shape(s) {given} fit no gear of this model; gears are {listing}",
                          hint="feed one of the gear shapes, or reconvert with the gears you need")
+
+
+def check_ranges(ranges: Mapping[str, Sequence[Any]], metas: Sequence[TensorMeta], feeds: Mapping[str, Any],
+                 what: str) -> None:
+    """Refuse a feed whose shape is outside ``ranges`` (``{input: per-dim (low, high) or None}``,
+    ``high == -1``: unbounded), naming the input and the range."""
+    by_name = {m.name: m for m in metas}
+    for name, rng in ranges.items():
+        if name not in feeds or name not in by_name:
+            continue  # a missing feed is the backend's to report
+        shape = np.shape(feeds[name])
+        if len(shape) != len(rng):
+            continue  # the rank is checked by the backend, with its message
+        for axis, r in enumerate(rng):
+            if r is not None and not (r[0] <= shape[axis] and (r[1] == -1 or shape[axis] <= r[1])):
+                shown = fmt_range_shape(by_name[name].shape, rng)
+                raise InputError(f"input {name!r}: shape {','.join(map(str, shape))} is outside the range "
+                                 f"{shown} {what} (axis {axis}: {shape[axis]} not in {r[0]}~{r[1]})",
+                                 hint=f"feed a shape inside {name}:{shown}, or convert for a wider range")

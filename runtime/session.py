@@ -65,9 +65,9 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from npu_deploy.converters.files.onnx_model import DimRange, TensorInfo, declared_io, fmt_range_shape, split_ranges
+from npu_deploy.converters.files.onnx_model import DimRange, TensorInfo, declared_io, split_ranges
 from npu_deploy.errors import DependencyError, InputError, ModelError
-from npu_deploy.runtime.backend import ORT_TYPES, Backend, Gear, TensorMeta, Timing
+from npu_deploy.runtime.backend import ORT_TYPES, Backend, Gear, TensorMeta, Timing, check_ranges
 
 BACKENDS = ("auto", "emulator", "acl")
 # onnxruntime execution-provider names -> the backend that plays their part
@@ -737,25 +737,6 @@ class ShapeCache(Backend):
         for phase in ("h2d", "compute", "d2h"):
             self._report_phase(phase, getattr(t, phase))
         return outs
-
-
-def check_ranges(ranges: Mapping[str, Sequence[Any]], metas: Sequence[TensorMeta], feeds: Mapping[str, Any],
-                 what: str) -> None:
-    """Refuse a feed whose shape is outside ``ranges`` (``{input: per-dim (low, high) or None}``,
-    ``high == -1``: unbounded), naming the input and the range."""
-    by_name = {m.name: m for m in metas}
-    for name, rng in ranges.items():
-        if name not in feeds or name not in by_name:
-            continue  # a missing feed is the backend's to report
-        shape = np.shape(feeds[name])
-        if len(shape) != len(rng):
-            continue  # the rank is checked by the backend, with its message
-        for axis, r in enumerate(rng):
-            if r is not None and not (r[0] <= shape[axis] and (r[1] == -1 or shape[axis] <= r[1])):
-                shown = fmt_range_shape(by_name[name].shape, rng)
-                raise InputError(f"input {name!r}: shape {','.join(map(str, shape))} is outside the range "
-                                 f"{shown} {what} (axis {axis}: {shape[axis]} not in {r[0]}~{r[1]})",
-                                 hint=f"feed a shape inside {name}:{shown}, or convert for a wider range")
 
 
 def _bundle_ranges(backend: Backend) -> dict[str, tuple]:
