@@ -82,7 +82,8 @@ def spec_from_om(path: str) -> ModelSpec | None:
         # shape-range model: GE's descriptor attr "shape_range", one [low, high] per dim (ge_tensor.cc)
         rows = ([tuple(r.list_i) for r in td.attr["shape_range"].list_list_int.list_list_i]
                 if "shape_range" in td.attr else [])
-        ranges.append(tuple(rows) if rows else tuple((d, d) for d in td.shape.dim))
+        # without one, a -1 dim is unbounded from 1 (ATC's reading of a bare -1), a fixed dim is itself
+        ranges.append(tuple(rows) if rows else tuple((1, -1) if d < 0 else (d, d) for d in td.shape.dim))
     outputs = []
     net = [op for op in ops if op.type == "NetOutput"]
     names = [s.decode().rsplit(":", 1)[0] for s in md.attr["attr_model_out_nodes_name"].list.s] \

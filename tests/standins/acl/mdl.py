@@ -423,6 +423,9 @@ def _shape_run(name: str, m: Model, d: Dataset) -> tuple | None:
     """The run's gear (actual values at the -1 dims) from the input dataset's tensor descs, or None
     after recording why the run is refused."""
     dims_per_input = []
+    if len(m.spec.ranges) != len(m.spec.inputs):
+        S.violate(f"{name}: the model records {len(m.spec.ranges)} input ranges for {len(m.spec.inputs)} inputs")
+        return None
     for k, (t, rng) in enumerate(zip(m.spec.inputs, m.spec.ranges)):
         h = d.descs.get(k)
         td = S.tensor_descs.get(h) if h is not None else None
@@ -434,8 +437,11 @@ def _shape_run(name: str, m: Model, d: Dataset) -> tuple | None:
             S.violate(f"{name}: input {t.name!r} desc is dtype {td.dtype} rank {len(td.dims)}, the model has "
                       f"dtype {t.dtype} rank {len(t.dims)}")
             return None
+        if len(rng) != len(td.dims):
+            S.violate(f"{name}: input {t.name!r} records {len(rng)} dim ranges for rank {len(td.dims)}")
+            return None
         for axis, (v, (lo, hi)) in enumerate(zip(td.dims, rng)):
-            if v < lo or (hi != -1 and v > hi):
+            if v < 0 or v < lo or (hi != -1 and v > hi):
                 S.violate(f"{name}: input {t.name!r} dim {axis} = {v} is outside its range {lo}~{hi}")
                 return None
         dims_per_input.append(list(td.dims))
