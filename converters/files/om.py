@@ -276,8 +276,9 @@ class OmPreflight:
 # ---------------------------------------------------------------------------------------------------
 # protobuf wire format, bounds-checked
 
-class _Malformed(Exception):
-    pass
+class _Malformed(ValueError):
+    """Bytes that are not the protobuf wire format (a ValueError: :mod:`onnx_model`'s scan reads the same
+    wire format with :func:`read_varint`)."""
 
 
 def _varint(buf: bytes, pos: int, end: int) -> tuple[int, int]:
@@ -296,6 +297,9 @@ def _varint(buf: bytes, pos: int, end: int) -> tuple[int, int]:
         shift += 7
         if shift >= 70:
             raise _Malformed("varint longer than 10 bytes")
+
+
+read_varint = _varint   # the one bounds-checked varint reader of the files layer (onnx_model's scan too)
 
 
 def _signed64(v: int) -> int:

@@ -45,6 +45,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from npu_deploy.converters.files.om import read_varint
 from npu_deploy.errors import InputError, ModelError
 
 Shape = tuple[int, ...]
@@ -398,19 +399,6 @@ with an external-data reference to where the bytes lie in the ``.onnx`` itself (
 _RAW_TYPES = {1, 2, 3, 4, 5, 6, 7, 9, 10, 11, 12, 13}
 
 
-def _varint(buf, pos: int, end: int) -> tuple[int, int]:
-    value = shift = 0
-    while True:
-        if pos >= end or shift > 63:
-            raise ValueError("truncated or overlong varint")
-        b = buf[pos]
-        pos += 1
-        value |= (b & 0x7F) << shift
-        if b < 0x80:
-            return value, pos
-        shift += 7
-
-
 def _put_varint(value: int) -> bytes:
     out = bytearray()
     while True:
@@ -429,16 +417,16 @@ def _fields(buf, start: int, end: int):
     pos = start
     while pos < end:
         first = pos
-        tag, pos = _varint(buf, pos, end)
+        tag, pos = read_varint(buf, pos, end)
         field, wt = tag >> 3, tag & 7
         if wt == 0:
-            _, after = _varint(buf, pos, end)
+            _, after = read_varint(buf, pos, end)
         elif wt == 1:
             after = pos + 8
         elif wt == 5:
             after = pos + 4
         elif wt == 2:
-            n, pos = _varint(buf, pos, end)
+            n, pos = read_varint(buf, pos, end)
             after = pos + n
         else:
             raise ValueError(f"wire type {wt}")
@@ -464,9 +452,9 @@ def _strip_tensor(buf, start: int, end: int, location: str) -> bytes | None:
                 return None
             raw = (first, vs, ve)
         elif field == 2 and wt == 0:
-            dtype = _varint(buf, vs, ve)[0]
+            dtype = read_varint(buf, vs, ve)[0]
         elif field == 14 and wt == 0:
-            location_kind = _varint(buf, vs, ve)[0]
+            location_kind = read_varint(buf, vs, ve)[0]
         elif field == 13:
             external = True
     if raw is None or raw[2] - raw[1] < STRIP_BYTES or dtype not in _RAW_TYPES or external or location_kind:
