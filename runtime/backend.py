@@ -76,7 +76,6 @@ from typing import Any, Iterator, Sequence
 
 import numpy as np
 
-from npu_deploy.converters.files.onnx_model import fmt_range_shape
 from npu_deploy.errors import InputError, InternalError
 
 # onnxruntime's tensor type names (``NodeArg.type``) -> numpy dtype names: the one table, for the
@@ -457,6 +456,9 @@ def check_ranges(ranges: Mapping[str, Sequence[Any]], metas: Sequence[TensorMeta
             continue  # the rank is checked by the backend, with its message
         for axis, r in enumerate(rng):
             if r is not None and not (r[0] <= shape[axis] and (r[1] == -1 or shape[axis] <= r[1])):
+                # lazy: onnx_model imports onnx (about 0.8 s), which a backend must not cost every process
+                from npu_deploy.converters.files.onnx_model import fmt_range_shape
+
                 shown = fmt_range_shape(by_name[name].shape, rng)
                 raise InputError(f"input {name!r}: shape {','.join(map(str, shape))} is outside the range "
                                  f"{shown} {what} (axis {axis}: {shape[axis]} not in {r[0]}~{r[1]})",

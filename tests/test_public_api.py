@@ -28,6 +28,14 @@ def test_import_is_light_and_vendor_free():
     assert out.strip() == "[]"
 
 
+def test_the_backend_interface_loads_no_onnx():
+    """Every run imports the backend interface; onnx (about 0.8 s to import) is the converters' to load."""
+    code = ("import sys, npu_deploy.runtime.backend; "
+            "print(sorted({'onnx', 'onnxruntime', 'acl'} & set(sys.modules)))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
 def test_exit_codes_follow_the_design():
     assert npu_deploy.InputError("x").exit_code == 2
     assert npu_deploy.ModelError("x").exit_code == 2
