@@ -20,6 +20,7 @@
  */
 #include <stdint.h>
 #include <string.h>
+#include <stdlib.h>
 #if defined(__SSE2__)
 #include <emmintrin.h>
 #endif
@@ -753,7 +754,8 @@ int npd_copy(char *dst, const char *src, int nd, const i64 *shape, const i64 *ds
  * the run side where they apply (2-byte elements, 16-byte aligned runs).  Per r one A x B <-> B x A
  * transpose (SSE2 8x8 blocks for 2-byte elements), walked without the generic kernel's tile loops,
  * with a software prefetch of the block side a few rows ahead; 16 x B halves and 32 x B bytes through
- * the AVX2 transposes above where the CPU has them.  (Measured and rejected on the benchmark
+ * the AVX2 transposes above where the CPU has them.  dir | 8 with an r-chunk: the staged walk
+ * (npd_t3_staged above) for tensors beyond the caches.  (Measured and rejected on the benchmark
  * machine: staging r-tiles through an L1 buffer, with memcpy or non-temporal stores; n-tiles outside
  * the c1 loop; prefetch distances 8-64 rows: all slower or within the noise.)
  * Returns 0, or -1 when the strides do not have this structure.
@@ -790,9 +792,234 @@ static inline void npd_t3_one(char *d, const char *s, i64 r, i64 R, i64 A, i64 B
     }
 }
 
+/* n bytes from s to d, ordinary stores */
+static inline void npd_put(char *d, const char *s, i64 n) { memcpy(d, s, (size_t)n); }
+
+/* A destination run written piece by piece in address order with streaming stores of whole
+ * 64-byte lines only (the staged unpack's block rows). A streaming store to part of a line costs the memory controller a
+ * read-modify-write, and an ordinary one a read for ownership: when the run is not line-aligned
+ * (numpy's large arrays start 16 bytes past a page) every piece would begin and end inside a line.
+ * So the bytes of a line the next piece completes wait here, and the line goes out whole; only the
+ * run's first and last partial lines take ordinary stores. (The pack does without: with one run per
+ * outer index and b, thousands of these would be touched per tile, and their loads measured slower
+ * than staging again the one or two r the shared line needs: see npd_put_lines.) */
+typedef struct {
+    char *end;              /* where the pending bytes end (the next piece must start here) */
+    int n;                  /* pending bytes: the start of the line ending at `end` + 64 - n */
+    unsigned char line[64] __attribute__((aligned(16)));
+} npd_lw;
+
+/* fewer than 64 bytes, inline (a library memcpy call per piece edge cost more than the pieces'
+ * streaming stores: FRACTAL_Z fp16 pack at 256 MiB 0.47 of a copy, inline 0.65) */
+static inline void npd_small_copy(char *d, const char *s, i64 n) {
+#if defined(__SSE2__)
+    for (; n >= 16; n -= 16, d += 16, s += 16) _mm_storeu_si128((__m128i *)d, _mm_loadu_si128((const __m128i *)s));
+#endif
+    for (; n >= 4; n -= 4, d += 4, s += 4) {
+        uint32_t v;
+        memcpy(&v, s, 4);
+        memcpy(d, &v, 4);
+    }
+    for (; n > 0; n--) *d++ = *s++;
+}
+
+static inline void lw_flush(npd_lw *w) {
+    if (w->n) npd_small_copy(w->end - w->n, (const char *)w->line, w->n);
+    w->n = 0;
+}
+
+static inline void lw_put(npd_lw *w, char *d, const char *s, i64 n) {
+#if defined(__SSE2__)
+    if (w->n && w->end != d) lw_flush(w);
+    if (w->n && (w->n & 15) == 0 && n >= 64 - w->n) {
+        /* complete the pending line straight from both sources, 16 bytes at a time (copying the
+         * piece's part into `line` first would stall each load on the stores just made) */
+        char *l = d - w->n;
+        for (int o = 0; o < w->n; o += 16)
+            _mm_stream_si128((__m128i *)(l + o), _mm_load_si128((const __m128i *)(w->line + o)));
+        for (int o = w->n; o < 64; o += 16)
+            _mm_stream_si128((__m128i *)(l + o), _mm_loadu_si128((const __m128i *)(s + o - w->n)));
+        i64 k = 64 - w->n;
+        d += k; s += k; n -= k;
+        w->n = 0;
+    }
+    if (w->n) {                                   /* complete the pending line */
+        i64 k = 64 - w->n < n ? 64 - w->n : n;
+        npd_small_copy((char *)w->line + w->n, s, k);
+        w->n += (int)k;
+        d += k; s += k; n -= k;
+        w->end = d;
+        if (w->n < 64) return;
+        char *l = d - 64;
+        for (int o = 0; o < 64; o += 16)
+            _mm_stream_si128((__m128i *)(l + o), _mm_load_si128((const __m128i *)(w->line + o)));
+        w->n = 0;
+    }
+    i64 head = (i64)((64 - ((uintptr_t)d & 63)) & 63);
+    if (head > n) head = n;
+    npd_small_copy(d, s, head);                   /* the run's first partial line */
+    d += head; s += head; n -= head;
+    i64 body = n & ~(i64)63;
+    if (((uintptr_t)s & 15) == 0)
+        for (i64 o = 0; o < body; o += 16)
+            _mm_stream_si128((__m128i *)(d + o), _mm_load_si128((const __m128i *)(s + o)));
+    else
+        for (i64 o = 0; o < body; o += 16)
+            _mm_stream_si128((__m128i *)(d + o), _mm_loadu_si128((const __m128i *)(s + o)));
+    d += body; s += body; n -= body;
+    npd_small_copy((char *)w->line, s, n);        /* waits for the next piece */
+    w->n = (int)n;
+    w->end = d + n;
+#else
+    memcpy(d, s, (size_t)n);
+    (void)w;
+#endif
+}
+
+/* The staged walk of npd_tile3 (dir bit 3), for tensors far beyond the caches. Tiles of rc
+ * consecutive r (and, unpacking, oc consecutive indices of the innermost outer axis when the block
+ * side's rows continue across it) go through a buffer in L1, so that main memory sees only whole
+ * runs: pack transposes the tile's blocks (read along the block side's rows) into the buffer and
+ * writes each run piece (rc*A elements per b) with one streaming burst; unpack gathers the run
+ * pieces into the buffer (the next tile's pieces prefetched meanwhile), transposes them into a
+ * second buffer and writes the block rows with streaming stores. Without it the run side sees one
+ * A-element write per (r, b): on a 2 x 256 MiB FRACTAL_Z fp16 pack on the benchmark host 0.23 of a
+ * copy, staged 0.6-0.7 (rc 4-8), unpack 0.37 -> 0.5 (rc 32, oc 2). */
+#define NPD_STAGE 32768
+
+/* pack, one run piece of the staged walk: the run bytes [p0, p1) (p0 >= base, the run's start) are
+ * in `st`, which holds the run from address `sbase` on. With nt, whole 64-byte lines by streaming
+ * stores: the lines from the one holding p0 (its bytes before p0 were staged again from the
+ * previous tile's last r) up to the one holding p1, which the next tile writes; the run's first
+ * and last partial lines (first and last tile) by ordinary stores. */
+static inline void npd_put_lines(char *base, char *p0, char *p1, int last, const char *st, char *sbase, int nt) {
+#if defined(__SSE2__)
+    if (nt) {
+        char *lo = (char *)((uintptr_t)p0 & ~(uintptr_t)63);
+        char *hi = last ? p1 : (char *)((uintptr_t)p1 & ~(uintptr_t)63);
+        if (lo < base) {                                  /* the run's first partial line */
+            char *e = lo + 64 < hi ? lo + 64 : hi;
+            if (e > base) npd_small_copy(base, st + (base - sbase), e - base);
+            lo += 64;
+        }
+        char *full = last ? (char *)((uintptr_t)p1 & ~(uintptr_t)63) : hi;
+        const char *q = st + (lo - sbase);
+        if ((((uintptr_t)q) & 15) == 0)
+            for (char *l = lo; l < full; l += 16, q += 16)
+                _mm_stream_si128((__m128i *)l, _mm_load_si128((const __m128i *)q));
+        else
+            for (char *l = lo; l < full; l += 16, q += 16)
+                _mm_stream_si128((__m128i *)l, _mm_loadu_si128((const __m128i *)q));
+        if (last && full < p1 && full >= lo)          /* the run's last partial line */
+            npd_small_copy(full, st + (full - sbase), p1 - full);
+        return;
+    }
+#else
+    (void)base; (void)last; (void)nt;
+#endif
+    memcpy(p0, st + (p0 - sbase), (size_t)(p1 - p0));
+}
+
+static void npd_t3_staged(char *dst, const char *src, int no, const i64 *shape, const i64 *ds, const i64 *ss,
+                          i64 R, i64 A, i64 B, i64 es, i64 rstride, i64 bstride, i64 rc, int dir, int nt) {
+    static __thread char stage_mem[2][NPD_STAGE + 4096] __attribute__((aligned(64)));
+    char *stage[2] = {stage_mem[0], stage_mem[1]};
+    i64 run = A * es, blk = A * B * es;
+    i64 L = no > 0 ? shape[no - 1] : 1;
+    i64 dL = no > 0 ? ds[no - 1] : 0, sL = no > 0 ? ss[no - 1] : 0;
+    i64 oc = 1;
+    if (dir == 1 && no > 0 && dL == blk) oc = L < 2 ? 1 : 2;   /* block rows continue across L */
+    /* pack with streaming stores: each tile stages `back` more r before its own (the bytes of the
+     * line it shares with the previous tile), unless every run piece starts on a line */
+    i64 back = 0;
+    if (dir == 0 && nt) {
+        int aligned = ((uintptr_t)dst & 63) == 0 && (bstride & 63) == 0 && ((rc * run) & 63) == 0;
+        for (int k = 0; k < no; k++) aligned = aligned && (ds[k] & 63) == 0;
+        back = aligned ? 0 : (63 + run - 1) / run;
+    }
+    while (rc > 1 && oc * (rc + back) * blk > NPD_STAGE) rc >>= 1;
+    if (oc * (rc + back) * blk > NPD_STAGE) {
+        oc = 1;
+        if ((rc + back) * blk > NPD_STAGE) { back = 0; nt = 0; }
+    }
+    /* unpack with streaming stores: a line writer per r of the tile (its block row continues
+     * across the tiles of L) */
+    npd_lw lw_rows[256];
+    if (dir == 1 && nt) memset(lw_rows, 0, sizeof(npd_lw) * (size_t)(rc < 256 ? rc : 256));
+    i64 idx[NPD_MAXND] = {0};
+    for (i64 r0 = 0; r0 < R; r0 += rc) {
+        i64 rn = R - r0 < rc ? R - r0 : rc, piece = rn * run;
+        i64 e = r0 < back ? r0 : back, pe = (rn + e) * run;     /* staged r: r0 - e .. r0 + rn - 1 */
+        int last = r0 + rn >= R;
+        for (int k = 0; k < no; k++) idx[k] = 0;
+        char *d = dst;
+        const char *s = src;
+        for (;;) {        /* over the outer axes but the innermost, which the tiles walk */
+            for (i64 k0 = 0; k0 < L; k0 += oc) {
+                i64 kn = L - k0 < oc ? L - k0 : oc;
+                char *dk = d + k0 * dL;
+                const char *sk = s + k0 * sL;
+                {   /* the buffer that feeds the streaming stores sits half a page (mod 4096) from the
+                     * destination pieces: a load whose address matches an earlier store's low 12
+                     * bits waits for it (4K aliasing). TLS of a dlopen'ed library need not honour a
+                     * 4096 alignment, hence the offset from the buffer's own address. */
+                    uintptr_t want = ((uintptr_t)(dk + (dir == 0 ? (r0 - e) * run : r0 * rstride)) + 512) & 4032;
+                    stage[dir] = stage_mem[dir] + ((want - ((uintptr_t)stage_mem[dir] & 4095)) & 4095);
+                }
+                if (dir == 0) {
+                    for (i64 rr = 0; rr < rn + e; rr++) {
+                        const char *b = sk + (r0 - e + rr) * rstride;
+                        if (!t3_block_avx2(stage[0] + rr * run, b, A, B, es, pe, 0, 0))
+                            tile_copy(stage[0] + rr * run, b, B, A, pe, es, es, B * es, es);
+                    }
+                    for (i64 b = 0; b < B; b++) {
+                        char *base = dk + b * bstride;
+                        npd_put_lines(base, base + r0 * run, base + (r0 + rn) * run, last, stage[0] + b * pe,
+                                      base + (r0 - e) * run, nt);
+                    }
+                } else {
+                    for (i64 kk = 0; kk < kn; kk++)
+                        for (i64 b = 0; b < B; b++)
+                            memcpy(stage[0] + (kk * B + b) * piece, sk + kk * sL + b * bstride + r0 * run, (size_t)piece);
+                    int ahead = k0 + 2 * oc <= L;
+                    i64 lines = (piece + 63) / 64, tot = oc * B * lines, per = (tot + rn - 1) / rn;
+                    for (i64 rr = 0; rr < rn; rr++) {
+#if defined(__GNUC__)
+                        if (ahead)      /* the next tile's run pieces, spread over this tile's transposes */
+                            for (i64 q = rr * per; q < (rr + 1) * per && q < tot; q++) {
+                                i64 pl = q / lines;
+                                __builtin_prefetch(sk + (oc + pl / B) * sL + (pl % B) * bstride + r0 * run
+                                                   + (q % lines) * 64, 0, 2);
+                            }
+#endif
+                        for (i64 kk = 0; kk < kn; kk++) {
+                            char *o = stage[1] + (rr * kn + kk) * blk;
+                            const char *i = stage[0] + kk * B * piece + rr * run;
+                            if (!t3_block_avx2(o, i, A, B, es, piece, 1, 0))
+                                tile_copy(o, i, A, B, B * es, es, es, piece, es);
+                        }
+                    }
+                    for (i64 rr = 0; rr < rn; rr++) {
+                        char *row = dk + (r0 + rr) * rstride;
+                        if (nt && rr < 256) lw_put(&lw_rows[rr], row, stage[1] + rr * kn * blk, kn * blk);
+                        else npd_put(row, stage[1] + rr * kn * blk, kn * blk);
+                    }
+                }
+            }
+            if (!odometer_next(idx, no - 1 > 0 ? no - 1 : 0, shape, ds, ss, &d, &s)) break;
+        }
+        if (dir == 1 && nt)
+            for (i64 rr = 0; rr < rn && rr < 256; rr++) lw_flush(&lw_rows[rr]);
+    }
+#if defined(__SSE2__)
+    if (nt) _mm_sfence();
+#endif
+}
+
 int npd_tile3(char *dst, const char *src, int nd, const i64 *shape, const i64 *ds, const i64 *ss, i64 es,
               int dir) {
     int nt = (dir & 4) != 0;               /* bit 2: streaming stores on the run side (pack) */
+    int staged = (dir & 8) != 0;           /* bit 3: the staged walk (npd_t3_staged) */
     i64 rc = (dir >> 8) & 0xff;            /* bits 8-15: r-chunk; 0 = r innermost (see below) */
     dir &= 3;
     if (nd < 3 || nd > NPD_MAXND || es < 1 || (dir != 0 && dir != 1)) return -1;
@@ -809,6 +1036,10 @@ int npd_tile3(char *dst, const char *src, int nd, const i64 *shape, const i64 *d
     i64 idx[NPD_MAXND] = {0};
     char *d = dst;
     const char *s = src;
+    if (staged && rc > 0) {
+        npd_t3_staged(dst, src, no, shape, ds, ss, R, A, B, es, rstride, bstride, rc, dir, nt);
+        return 0;
+    }
     if (rc > 0) {
         /* r-chunks outermost: rc consecutive r (whole lines of the run side when rc * A * es is a
          * multiple of 64) for every index of the outer axes, then the next chunk. The block side

@@ -683,24 +683,29 @@ def _tiles(shape, unit: int, a_bytes: int) -> tuple[int, int]:
 # side, else that many r). Which wins depends on the host (write-combining buffers, cache sizes,
 # prefetchers), not only on the layout: on one x86-64 host NC1HWC0 fp16 unpack runs at 0.16-0.3 of
 # a copy with streaming stores and 1.0-1.4 without, NC1HWC0 fp16 pack the other way round.
-VARIANTS: tuple[tuple[bool, int, int], ...] = (
-    (False, 256, 0), (False, 2048, 0), (True, 256, 0), (True, 2048, 0),
-    (False, 256, -1), (True, 256, -1), (False, 256, 8), (True, 256, 8),
+VARIANTS: tuple[tuple[bool, int, int, bool], ...] = (
+    (False, 256, 0, False), (False, 2048, 0, False), (True, 256, 0, False), (True, 2048, 0, False),
+    (False, 256, -1, False), (True, 256, -1, False), (False, 256, 8, False), (True, 256, 8, False),
     # r-chunks of 128 / 255 blocks: at 256 MiB FRACTAL_Z's source rows (one per n, a page or more
     # each) outnumber the TLB's entries in one pass over n; chunked, a pass touches at most 255 of them
     # (C harness, [4096, 3584, 3, 3] fp16 pack: 0.21 of a copy -> 0.44-0.54)
-    (False, 256, 128), (False, 256, 255))
+    (False, 256, 128, False), (False, 256, 255, False),
+    # npd_tile3's staged walk (tiles of r through an L1 buffer, whole runs streamed out): on the
+    # same pack 0.23 -> 0.6-0.7 of a copy with 4-8 r per tile, the unpack 0.37 -> 0.5 with 32
+    (True, 256, 4, True), (True, 256, 8, True), (True, 256, 32, True))
 
 
-def task_variant(fn, args: tuple, nt: bool, a_bytes: int, rc: int = 0) -> tuple:
+def task_variant(fn, args: tuple, nt: bool, a_bytes: int, rc: int = 0, staged: bool = False) -> tuple:
     """``args`` of a kernel task (from :func:`kernel_tasks`) with streaming stores ``nt`` (where the
-    task's mode allows them), tile depth ``a_bytes`` (npd_copy) and r-chunk ``rc`` (npd_tile3);
-    the box copied, hence the result, is the same whatever the variant."""
+    task's mode allows them), tile depth ``a_bytes`` (npd_copy), r-chunk ``rc`` and the staged walk
+    (npd_tile3; ``staged`` needs ``rc`` > 0); the box copied, hence the result, is the same whatever
+    the variant."""
     if fn is _kernel.get("fn3"):
         nd, c_shape, c_ds, c_ss, unit, d = args
         if rc < 0:
             rc = max(1, 64 // max(1, c_shape[nd - 2] * unit))
-        return (nd, c_shape, c_ds, c_ss, unit, (d & 3) | (4 if nt else 0) | (min(rc, 255) << 8))
+        flags = (d & 3) | (4 if nt else 0) | (8 if staged and rc > 0 else 0)
+        return (nd, c_shape, c_ds, c_ss, unit, flags | (min(rc, 255) << 8))
     nd, c_shape, c_ds, c_ss, unit, mode, tile_a, tile_b = args
     if mode & ~4 != 1:
         return args                                 # rows mode: no tiles, no streaming stores

@@ -350,6 +350,57 @@ def test_tile3_pieces_direct(hw, dtype, c0):
 
 
 @needs_kernel
+@pytest.mark.parametrize("hw", [4, 9, 25])
+@pytest.mark.parametrize("dtype,c0", [(np.float16, 16), (np.float32, 16), (np.int8, 32)])
+@pytest.mark.parametrize("rc", [1, 3, 8, 32])
+@pytest.mark.parametrize("dst_off,src_off", [(0, 0), (16, 0), (48, 16), (8, 4), (4, 12)])
+def test_tile3_staged_walk_equals_numpy(hw, dtype, c0, rc, dst_off, src_off):
+    """npd_tile3's staged walk (r-tiles through an L1 buffer, whole lines streamed, the partial ones
+    carried to the next tile) both ways, for destinations and sources at any offset from a line
+    (numpy's own large arrays start 16 bytes past one; offsets not a multiple of 16 take the
+    byte-copy path of the carried line), with
+    r-chunks that do and do not divide N: byte for byte the numpy assignment, and not a byte outside
+    the destination box written. Threads split the outer axis, so two calls share a run's edge."""
+    n, c1 = 41, 5
+    item = np.dtype(dtype).itemsize
+
+    def buffer(nbytes, off, fill):
+        raw = np.full(nbytes + 192, fill, np.uint8)
+        start = (-raw.ctypes.data) % 64 + off
+        return raw, raw[start:start + nbytes]
+
+    x_raw, x_bytes = buffer(n * c1 * c0 * hw * item, src_off, 0)
+    x_bytes[:] = _rand_bytes((x_bytes.size,), np.uint8, hw + rc)
+    x = x_bytes.view(dtype).reshape(n, c1, c0, hw)
+    p_raw, p_bytes = buffer(c1 * hw * n * c0 * item, dst_off, 0xA5)
+    phys = p_bytes.view(dtype).reshape(c1, hw, n, c0)
+    for threads in (1, 2):
+        p_raw[:] = 0xA5
+        p_before = p_raw.copy()
+        dst = phys.transpose(2, 0, 3, 1)                      # [n, c1, c0, hw] view of the storage
+        tasks = _fastcopy.kernel_tasks(dst, x, threads=threads)
+        assert tasks and all(t[0] is _fastcopy._kernel["fn3"] for t in tasks)
+        for fn, dp, sp, args in tasks:
+            assert fn(dp, sp, *_fastcopy.task_variant(fn, args, True, 256, rc, True)) == 0
+        want = x.transpose(1, 3, 0, 2)
+        assert phys.tobytes() == np.ascontiguousarray(want).tobytes()
+        outside = np.ones(p_raw.size, bool)
+        outside[p_bytes.ctypes.data - p_raw.ctypes.data:][:p_bytes.size] = False
+        assert (p_raw[outside] == p_before[outside]).all()
+        # and back, into a destination at the source's offset
+        b_raw, b_bytes = buffer(x_bytes.size, src_off, 0x3C)
+        back = b_bytes.view(dtype).reshape(n, c1, c0, hw)
+        tasks = _fastcopy.kernel_tasks(back, dst, threads=threads)
+        assert tasks and all(t[0] is _fastcopy._kernel["fn3"] for t in tasks)
+        for fn, dp, sp, args in tasks:
+            assert fn(dp, sp, *_fastcopy.task_variant(fn, args, True, 256, rc, True)) == 0
+        assert back.tobytes() == x.tobytes()
+        outside = np.ones(b_raw.size, bool)
+        outside[b_bytes.ctypes.data - b_raw.ctypes.data:][:b_bytes.size] = False
+        assert (b_raw[outside] == 0x3C).all()
+
+
+@needs_kernel
 def test_tile3_rejects_other_strides():
     """npd_tile3 checks the block/run structure itself (returns -1 rather than copying wrongly)."""
     import ctypes

@@ -39,6 +39,8 @@ CASES = [
     ("FRACTAL_Z", (300, 250, 3, 3), np.float16),     # N and C padding
     ("FRACTAL_Z", (256, 512, 3, 3), np.int8),
     ("FRACTAL_Z", (256, 128, 3, 3), np.float32),
+    ("FRACTAL_Z", (512, 512, 2, 2), np.float16),     # H*W < 8: the staged walk's SSE2 blocks
+    ("FRACTAL_Z", (320, 200, 5, 5), np.float32),     # H*W 25, C0 padding, ragged r-chunks
     ("FRACTAL_NZ", (1000, 600), np.float16),
     ("FRACTAL_NZ", (1024, 1024), np.int8),
 ]
@@ -69,12 +71,12 @@ def test_every_variant_is_exact(fmt, shape, dtype):
         steps = F._program(r, 1)
         assert steps is not False
         seen = 0
-        for nt, a_bytes, rc in _fastcopy.VARIANTS:
+        for nt, a_bytes, rc, staged in _fastcopy.VARIANTS:
             out = np.empty(res_shape, dtype)
             out.view(np.uint8).fill(0x5A)                # dirty: padding must be rewritten
             bufs = [src, out, *F._temps(r)] if r.views < len(r.plan.stages) - 1 else [src, out]
-            F._replay(F._variant_steps(steps, nt, a_bytes, rc), bufs, 1)
-            assert out.tobytes() == ref.tobytes(), (kind, nt, a_bytes, rc)
+            F._replay(F._variant_steps(steps, nt, a_bytes, rc, staged), bufs, 1)
+            assert out.tobytes() == ref.tobytes(), (kind, nt, a_bytes, rc, staged)
             seen += 1
         out = np.empty(res_shape, dtype)
         out.view(np.uint8).fill(0xA5)
