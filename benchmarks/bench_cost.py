@@ -28,7 +28,7 @@ SHARED = Path("/work/shared/data") if Path("/work/shared/data").is_dir() else RE
 CAPTURES = [SHARED / "timings_910B", SHARED / "profiles" / "torch_npu_level2_llm_910B"]
 OUT = REPO / "converters" / "lowering" / "data" / "soc_calibration_Ascend910B.json"
 FITTED_FIELDS = ("fp32_tflops", "vector_efficiency", "bw_efficiency", "aicpu_launch_us", "aicpu_bandwidth_gbps",
-                 "fill_efficiency", "dsa_bandwidth_gbps",
+                 "fill_efficiency", "dsa_bandwidth_gbps", "transposed_read_efficiency",
                  "launch_us_by_engine", "transdata_efficiency_by_pair", "cube_efficiency_by_dtype")
 
 
