@@ -126,6 +126,8 @@ class Features:
     #: MatMul: bytes of the operands stored transposed (x·Wᵀ's weight as (N, K)), part of ``nbytes``;
     #: Attention: the per-score streams (a full mask, the dropout bit mask), not part of ``nbytes``
     xbytes: float = 0.0
+    #: MatMul: bytes of the result (part of ``nbytes``), written through the FixPipe into L2
+    obytes: float = 0.0
 
 
 def _conv_macs(op) -> float | None:
@@ -284,7 +286,7 @@ def features(op) -> Features | None:
         if w is None:
             return None
         return Features("MatMul", engine, 2.0 * _numel(op.out_shapes[0]) * w[0], float(in_b + out_b), dtype,
-                        xbytes=w[1])
+                        xbytes=w[1], obytes=float(out_b))
     if t in VECTOR_TYPES:
         if t in _OUTPUT_ONLY:
             in_b = 0
@@ -339,10 +341,13 @@ def predict(f: Features, p: C.SocProfile) -> float:
         src, dst = f.pair.split("->", 1)
         return p.transdata_launch(src, dst, f.engine) + 1e6 * f.nbytes / (p.bandwidth_gbps * 1e9 * p.transdata_eff(src, dst, f.dtype))
     mem = f.nbytes / (p.bandwidth_gbps * 1e9 * p.bw_efficiency)
-    if f.cls == "MatMul" and f.xbytes:
+    if f.cls == "MatMul":
         # an operand stored transposed streams at a fraction of the bandwidth (its rows are not the
-        # fractal's rows: the ND-to-fractal load gathers them)
-        mem += f.xbytes / (p.bandwidth_gbps * 1e9 * p.bw_efficiency) * (1.0 / p.transposed_read_efficiency - 1.0)
+        # fractal's rows: the ND-to-fractal load gathers them); the result leaves the cube through the
+        # FixPipe into L2 (write-back), at its own rate
+        bw = p.bandwidth_gbps * 1e9 * p.bw_efficiency
+        mem = ((f.nbytes - f.obytes - f.xbytes) + f.xbytes / p.transposed_read_efficiency) / bw \
+            + f.obytes / (p.bandwidth_gbps * 1e9 * p.cube_write_efficiency)
     if f.cls in ("Conv", "MatMul"):
         comp = f.flops / (p.cube_peak_flops(f.dtype) * p.cube_eff(f.dtype, f.cls))
     else:
@@ -603,7 +608,7 @@ measured time.</p>
 _SCALAR_BOUNDS = {"fp32_tflops": (5.0, 400.0), "vector_efficiency": (0.25, 1.0), "bw_efficiency": (0.05, 1.0),
                   "aicpu_launch_us": (1.0, 500.0), "aicpu_bandwidth_gbps": (0.05, 200.0),
                   "fill_efficiency": (0.05, 1.0), "dsa_bandwidth_gbps": (0.5, 400.0),
-                  "transposed_read_efficiency": (0.1, 1.0)}
+                  "transposed_read_efficiency": (0.1, 1.0), "cube_write_efficiency": (0.05, 3.0)}
 _LAUNCH_BOUNDS = (0.3, 50.0)
 _TD_BOUNDS = (0.01, 3.0)
 _CUBE_BOUNDS = (0.01, 1.0)
@@ -662,6 +667,8 @@ def _param_specs(feats: list[Features], base: C.SocProfile) -> list[tuple[str, s
             count[("cubecls", f"{f.cls}/{f.dtype}")] += 1
             if f.xbytes:
                 count[("transposed",)] += 1
+            if f.cls == "MatMul" and f.obytes:
+                count[("cubewrite",)] += 1
         else:
             count[("vector",)] += 1
     for (kind, *rest), n in sorted(count.items()):
@@ -697,6 +704,9 @@ def _param_specs(feats: list[Features], base: C.SocProfile) -> list[tuple[str, s
         elif kind == "transposed":
             specs.append(("transposed_read_efficiency", "", *_SCALAR_BOUNDS["transposed_read_efficiency"],
                           base.transposed_read_efficiency))
+        elif kind == "cubewrite":
+            specs.append(("cube_write_efficiency", "", *_SCALAR_BOUNDS["cube_write_efficiency"],
+                          base.cube_write_efficiency))
         elif kind == "memset":
             specs.append(("launch_us_by_engine", "MemSet", *_LAUNCH_BOUNDS,
                           float(base.launch_us_by_engine.get("MemSet", base.launch_us))))
@@ -809,10 +819,12 @@ def fit(captures: Sequence[tuple[str, Sequence[Any]]], base: "str | C.SocProfile
                 continue
             sp = _param_specs(tr_f, b)
             pk = _fit_profile(tr_f, tr_m, b, sp, weights=_weights([c for j, c in enumerate(per_cap) if j != k]))
-            per[label] = _summary(fs, ms, pk)
+            preds = [predict(f, pk) for f in fs]
+            per[label] = _summary_from_pred(fs, ms, preds)
+            per[label]["per_type"] = _per_type(types_of[label], ms, preds)
             lf += fs
             lm += ms
-            lp += [predict(f, pk) for f in fs]
+            lp += preds
             lt += types_of[label]
         if lf:
             loo = _summary_from_pred(lf, lm, lp)
