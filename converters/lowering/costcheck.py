@@ -613,6 +613,9 @@ _LAUNCH_BOUNDS = (0.3, 50.0)
 _TD_BOUNDS = (0.01, 3.0)
 _CUBE_BOUNDS = (0.01, 1.0)
 MIN_OPS_PER_PARAM = 2
+#: an AI CPU op moving fewer bytes is launch-bound (1 MB at its assumed 20 GB/s is 50 µs, its launch's
+#: size): ops below this say nothing about the AI CPU's bandwidth, which then keeps its base value
+AICPU_BW_MIN_BYTES = 1 << 20
 #: multi-start: the base profile plus FIT_STARTS - 1 points drawn (seed FIT_SEED) inside the bounds
 FIT_STARTS = 4
 FIT_SEED = 19
@@ -648,6 +651,8 @@ def _param_specs(feats: list[Features], base: C.SocProfile) -> list[tuple[str, s
     for f in feats:
         if f.cls == "AI CPU":
             count[("aicpu",)] += 1
+            if f.nbytes >= AICPU_BW_MIN_BYTES:
+                count[("aicpu_bw",)] += 1
             continue
         if f.pair == "MemSet":
             count[("memset",)] += 1
@@ -695,9 +700,9 @@ def _param_specs(feats: list[Features], base: C.SocProfile) -> list[tuple[str, s
         elif kind == "vector":
             for k in ("vector_efficiency", "bw_efficiency"):
                 specs.append((k, "", *_SCALAR_BOUNDS[k], getattr(base, k)))
-        elif kind == "aicpu":
-            for k in ("aicpu_launch_us", "aicpu_bandwidth_gbps"):
-                specs.append((k, "", *_SCALAR_BOUNDS[k], getattr(base, k)))
+        elif kind in ("aicpu", "aicpu_bw"):
+            k = "aicpu_launch_us" if kind == "aicpu" else "aicpu_bandwidth_gbps"
+            specs.append((k, "", *_SCALAR_BOUNDS[k], getattr(base, k)))
         elif kind in ("fill", "dsa"):
             k = "fill_efficiency" if kind == "fill" else "dsa_bandwidth_gbps"
             specs.append((k, "", *_SCALAR_BOUNDS[k], getattr(base, k)))
