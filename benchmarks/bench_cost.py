@@ -73,7 +73,7 @@ def main() -> int:
     print("\nper op type, leave-one-out (the 20 largest by measured time, then a few small ones):")
     print(f"{'op type':<30}{'ops':>6}{'measured us':>13}{'predicted us':>14}{'median':>9}{'p90':>9}")
     per_type = res.leave_one_out.get("per_type", {})
-    named = ("MemSet", "TopKV2", "DSAGenBitMask", "MaxPoolWithArgmaxV1", "NonZero")  # newly priced, small
+    named = ("MemSet", "TopKV2", "DSAGenBitMask", "MaxPoolWithArgmaxV1", "MaxPoolGradWithArgmaxV1", "NonZero")
     for t, v in [kv for k, kv in enumerate(per_type.items()) if k < 20 or kv[0] in named]:
         print(f"{t[:29]:<30}{v['count']:>6}{v['measured_us']:>13.0f}{v['predicted_us']:>14.0f}"
               f"{v['median_abs_err_pct']:>8.1f}%{v['p90_abs_err_pct']:>8.1f}%")

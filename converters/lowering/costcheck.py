@@ -11,12 +11,17 @@ FRACTAL_Z 4-D), so bytes are what the kernel really moves and cube work includes
 * ``TransData``: ``launch(engine) + (src + dst bytes) / (bandwidth * transdata_eff(pair, dtype))``.
 * Conv2D / Conv2DBackpropInput / Conv2DBackpropFilter: MACs = elements of the activation gradient or
   output (per padded output channel) × elements of the weight; cube roofline at ``cube_eff(dtype)``.
-* MatMul family: ``2·M·N·K`` (K found from the operand that carries M), cube roofline.
+* MatMul family: ``2·M·N·K`` (K found from the operand that carries M), cube roofline; on the memory
+  side an operand stored transposed (x·Wᵀ's weight as (N, K); a square one told by ``Linear``'s bias)
+  reads at ``transposed_read_efficiency`` of the plain rate, the result is written at
+  ``cube_write_efficiency`` of HBM peak (:func:`_matmul_work`).
 * FlashAttentionScore / FlashAttentionScoreGrad: the cube FLOPs of QK^T and PV (the grad: five
   products) and the softmax's vector operations, from q/k/v, the softmax statistics and the mask
-  (:func:`_attention_work`), at one fitted efficiency of the fused kernel.
+  (:func:`_attention_work`), at one fitted efficiency of the fused kernel; plus what the row shows per
+  score — a full 4-D mask read for every head, a dropout bit mask — streamed before it is applied.
 * Vector ops of a known kind (elementwise, reductions, pooling, norms, data movement, optimizer
-  updates, TopK as a sort): vector roofline on bytes moved and operations per element.
+  updates, TopK as a sort): vector roofline on bytes moved and operations per element; in-place
+  optimizer updates also write back their state, the MaxPool grad reads the mask its forward wrote.
 * Write-only kernels (ZerosLike, OnesLike, Fill, MemSet): bytes written at ``fill_efficiency``; a MemSet
   whose size the capture does not record: a fixed cost. DSA bit-mask generation: bytes at the DSA rate.
   ``AI_CPU`` ops: AI CPU launch + bytes at its bandwidth.
