@@ -184,7 +184,8 @@ def _matmul_work(op) -> tuple[float, float] | None:
             sizes = _ITEMSIZE.get((op.in_dtypes[0] if op.in_dtypes else "FLOAT").upper(), 4), \
                 _ITEMSIZE.get((op.in_dtypes[1] if len(op.in_dtypes) > 1 else "FLOAT").upper(), 4)
             tb = (trans_a * _numel(a) * sizes[0]) + (trans_b * _numel(b) * sizes[1])
-            return k, float(tb)
+            # shapes whose two K disagree are packed or inconsistent: their orientation is not known
+            return k, float(tb) if ka == kb else 0.0
     batch = _numel(y) / max(1, y[-2] * y[-1]) if fmt == "ND" else 1.0
     k2 = _numel(a) * _numel(b) / max(1, _numel(y)) / max(1.0, batch)
     return (math.sqrt(k2), 0.0) if k2 > 0 else None

@@ -638,6 +638,10 @@ def test_matmul_prices_the_transposed_weight_and_the_result_apart():
     fc1 = costcheck.features(_m("MatMulV2", [(32, 9216), (4096, 9216), (4096,)], [(32, 4096)], ["ND"] * 3, ["ND"]))
     dw = costcheck.features(_m("MatMulV3", [(32, 4096), (32, 9216)], [(4096, 9216)], ["ND"] * 2, ["ND"]))
     assert fc1.xbytes == 4096 * 9216 * 4 and dw.xbytes == 32 * 4096 * 4 and dw.obytes == 4096 * 9216 * 4
+    # a row whose two K disagree (mstt's fixture: 81920 from A, 8192 from B) tells no orientation
+    odd = costcheck.features(_m("MatMulV2", [(81920, 4096), (8192, 512)], [(4096, 512)], ["ND"] * 2, ["ND"],
+                                dtype="BF16"))
+    assert odd.flops == 2 * 4096 * 512 * 8192 and odd.xbytes == 0
 
 
 def test_flash_attention_prices_the_full_mask_and_the_dropout_mask_it_reads():
