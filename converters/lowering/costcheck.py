@@ -300,7 +300,7 @@ def features(op) -> Features | None:
             n = _IN_PLACE_WRITES[t]
             out_b = _nbytes(op.in_shapes[:n], op.in_dtypes[:n])        # the state it updates in place
         if t.startswith("MaxPoolGradWithArgmax") and len(op.in_shapes) > 2 and op.in_shapes[2] \
-                and len(op.in_shapes[2]) == 6 and op.in_shapes[2][-1] and op.in_shapes[2][2]:
+                and len(op.in_shapes[2]) == 6 and op.in_shapes[2][-1] and op.in_shapes[2][3]:
             # the argmax mask the grad reads is the one its forward wrote, (N, C1, kh·kw, blocks, C0)
             # uint16; the row records it as (N, C, kh·kw, kh·kw, blocks, C0), C0·kh·kw times larger —
             # bytes the kernel cannot have read (layer 2 of the CNN capture would need 14 TB/s on its
