@@ -28,7 +28,8 @@ SHARED = Path("/work/shared/data") if Path("/work/shared/data").is_dir() else RE
 CAPTURES = [SHARED / "timings_910B", SHARED / "profiles" / "torch_npu_level2_llm_910B"]
 OUT = REPO / "converters" / "lowering" / "data" / "soc_calibration_Ascend910B.json"
 FITTED_FIELDS = ("fp32_tflops", "vector_efficiency", "bw_efficiency", "aicpu_launch_us", "aicpu_bandwidth_gbps",
-                 "fill_efficiency", "dsa_bandwidth_gbps",
+                 "fill_efficiency", "dsa_bandwidth_gbps", "transposed_read_efficiency",
+                 "cube_write_efficiency",
                  "launch_us_by_engine", "transdata_efficiency_by_pair", "cube_efficiency_by_dtype")
 
 
@@ -63,10 +64,16 @@ def main() -> int:
         pc = ", ".join(f"{k} {v['median_abs_err_pct']:.0f} %" for k, v in s["per_class"].items())
         print(f"{label[:33]:<34}{s['median_abs_err_pct']:>7.1f}%{s['total_error_pct']:>+10.1f}%"
               f"{s['formattrans_measured_pct']:>8.2f}%{s['formattrans_predicted_pct']:>8.2f}%  {pc}")
+    for label, s in res.leave_one_out.get("per_capture", {}).items():
+        mm = s.get("per_type", {}).get("MatMulV2")
+        if label.startswith("cnn") and mm:
+            print(f"  {label}: fp32 MatMulV2 (x·Wᵀ + bias forward, Mm backward) {mm['count']} ops, median "
+                  f"{mm['median_abs_err_pct']:.1f} %, measured {mm['measured_us']:.0f} µs, predicted "
+                  f"{mm['predicted_us']:.0f} µs")
     print("\nper op type, leave-one-out (the 20 largest by measured time, then a few small ones):")
     print(f"{'op type':<30}{'ops':>6}{'measured us':>13}{'predicted us':>14}{'median':>9}{'p90':>9}")
     per_type = res.leave_one_out.get("per_type", {})
-    named = ("MemSet", "TopKV2", "DSAGenBitMask", "MaxPoolWithArgmaxV1", "NonZero")  # newly priced, small
+    named = ("MemSet", "TopKV2", "DSAGenBitMask", "MaxPoolWithArgmaxV1", "MaxPoolGradWithArgmaxV1", "NonZero")
     for t, v in [kv for k, kv in enumerate(per_type.items()) if k < 20 or kv[0] in named]:
         print(f"{t[:29]:<30}{v['count']:>6}{v['measured_us']:>13.0f}{v['predicted_us']:>14.0f}"
               f"{v['median_abs_err_pct']:>8.1f}%{v['p90_abs_err_pct']:>8.1f}%")

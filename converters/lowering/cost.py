@@ -119,6 +119,13 @@ class SocProfile:
     #: the DSA (data-stream accelerator) engine that generates dropout bit masks (DSAGenBitMask): bytes
     #: written per second (assumption; no datasheet figure)
     dsa_bandwidth_gbps: float = 20.0
+    #: a cube operand stored transposed (x·Wᵀ with the weight as (N, K)) streams at this fraction of the
+    #: bandwidth the other operands get (assumption 1.0, no penalty; fitted where captures show it)
+    transposed_read_efficiency: float = 1.0
+    #: a cube op's result written through the FixPipe into L2 (write-back cache): bytes per second as a
+    #: fraction of ``bandwidth_gbps``; up to 3 (L2 absorbs a result faster than HBM peak, as TransData's
+    #: L2-resident operands); assumption 0.7 like ``bw_efficiency`` until a capture shows otherwise
+    cube_write_efficiency: float = 0.7
     sources: dict = dataclasses.field(default_factory=dict, compare=False)
     #: kernel launch overhead per msprof engine (AI_CORE, AI_VECTOR_CORE, MIX_AIC, MIX_AIV); others use
     #: ``launch_us``
@@ -138,7 +145,7 @@ class SocProfile:
         "aicpu_gflops", "aicpu_bandwidth_gbps", "dsa_bandwidth_gbps")
     _FRACTIONS: ClassVar[tuple[str, ...]] = (
         "cube_efficiency", "vector_efficiency", "bw_efficiency", "transdata_efficiency",
-        "nd_load_efficiency", "fill_efficiency")
+        "nd_load_efficiency", "fill_efficiency", "transposed_read_efficiency")
     _TIMES: ClassVar[tuple[str, ...]] = ("launch_us", "aicpu_launch_us")
 
     def __post_init__(self) -> None:
@@ -150,6 +157,9 @@ class SocProfile:
             v = getattr(self, f)
             if not (isinstance(v, (int, float)) and 0 < v <= 1):
                 raise InputError(f"SoC profile {self.name!r}: {f} = {v!r} must be in (0, 1]")
+        v = self.cube_write_efficiency
+        if isinstance(v, bool) or not (isinstance(v, (int, float)) and 0 < v <= 3):
+            raise InputError(f"SoC profile {self.name!r}: cube_write_efficiency = {v!r} must be in (0, 3]")
         for f in self._TIMES:
             v = getattr(self, f)
             if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
@@ -303,6 +313,8 @@ SOC_PROFILES: dict[str, SocProfile] = {
             "aicpu_launch_us": _A + "AI CPU task hand-off and completion sync of tens of µs",
             "fill_efficiency": _A + "write-only kernels (ZerosLike, MemSet) stream at ~70 % of peak",
             "dsa_bandwidth_gbps": _A + "the DSA engine's random bit-mask generation, tens of GB/s",
+            "transposed_read_efficiency": _A + "no penalty for a transposed cube operand until a capture shows one",
+            "cube_write_efficiency": _A + "cube results stream out like other kernels' writes (~70 % of peak)",
         }),
     "Ascend910B": SocProfile(
         name="Ascend910B",
@@ -327,6 +339,8 @@ SOC_PROFILES: dict[str, SocProfile] = {
             "aicpu_launch_us": _A + "AI CPU task hand-off and completion sync of tens of µs",
             "fill_efficiency": _A + "write-only kernels (ZerosLike, MemSet) stream at ~70 % of peak",
             "dsa_bandwidth_gbps": _A + "the DSA engine's random bit-mask generation, tens of GB/s",
+            "transposed_read_efficiency": _A + "no penalty for a transposed cube operand until a capture shows one",
+            "cube_write_efficiency": _A + "cube results stream out like other kernels' writes (~70 % of peak)",
         }),
 }
 
@@ -367,7 +381,8 @@ def _derived(name: str, peaks: dict, peak_sources: dict, efficiencies_from: str 
     keep = {k: getattr(ref, k) for k in ("launch_us", "cube_efficiency", "vector_efficiency", "bw_efficiency",
                                           "transdata_efficiency", "nd_load_efficiency", "aicpu_gflops",
                                           "aicpu_bandwidth_gbps", "aicpu_launch_us", "fill_efficiency",
-                                          "dsa_bandwidth_gbps")}
+                                          "dsa_bandwidth_gbps", "transposed_read_efficiency",
+                                          "cube_write_efficiency")}
     # the AI CPU copies through the same memory: never faster than a quarter of it (assumption)
     keep["aicpu_bandwidth_gbps"] = min(ref.aicpu_bandwidth_gbps, 0.25 * peaks["bandwidth_gbps"])
     # nor computes faster than a tenth of the AI Cores' vector peak (assumption: a small SoC has small

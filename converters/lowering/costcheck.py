@@ -11,12 +11,17 @@ FRACTAL_Z 4-D), so bytes are what the kernel really moves and cube work includes
 * ``TransData``: ``launch(engine) + (src + dst bytes) / (bandwidth * transdata_eff(pair, dtype))``.
 * Conv2D / Conv2DBackpropInput / Conv2DBackpropFilter: MACs = elements of the activation gradient or
   output (per padded output channel) × elements of the weight; cube roofline at ``cube_eff(dtype)``.
-* MatMul family: ``2·M·N·K`` (K found from the operand that carries M), cube roofline.
+* MatMul family: ``2·M·N·K`` (K found from the operand that carries M), cube roofline; on the memory
+  side an operand stored transposed (x·Wᵀ's weight as (N, K); a square one told by ``Linear``'s bias)
+  reads at ``transposed_read_efficiency`` of the plain rate, the result is written at
+  ``cube_write_efficiency`` of HBM peak (:func:`_matmul_work`).
 * FlashAttentionScore / FlashAttentionScoreGrad: the cube FLOPs of QK^T and PV (the grad: five
   products) and the softmax's vector operations, from q/k/v, the softmax statistics and the mask
-  (:func:`_attention_work`), at one fitted efficiency of the fused kernel.
+  (:func:`_attention_work`), at one fitted efficiency of the fused kernel; plus what the row shows per
+  score — a full 4-D mask read for every head, a dropout bit mask — streamed before it is applied.
 * Vector ops of a known kind (elementwise, reductions, pooling, norms, data movement, optimizer
-  updates, TopK as a sort): vector roofline on bytes moved and operations per element.
+  updates, TopK as a sort): vector roofline on bytes moved and operations per element; in-place
+  optimizer updates also write back their state, the MaxPool grad reads the mask its forward wrote.
 * Write-only kernels (ZerosLike, OnesLike, Fill, MemSet): bytes written at ``fill_efficiency``; a MemSet
   whose size the capture does not record: a fixed cost. DSA bit-mask generation: bytes at the DSA rate.
   ``AI_CPU`` ops: AI CPU launch + bytes at its bandwidth.
@@ -64,6 +69,9 @@ ATTENTION_TYPES = frozenset({"FlashAttentionScore", "FlashAttentionScoreGrad"})
 #: products, a reduction, a scale, the weight gradient), SwiGLU's backward (sigmoid and its derivative)
 _OPS_PER_ELEMENT = {"Sin": 16, "Cos": 16, "ApplyAdamWV2": 16, "ApplyAdamW": 16, "RmsNormGrad": 12,
                     "LayerNormGrad": 16, "SwiGluGrad": 12, "NonZero": 2}
+#: in-place optimizer updates whose rows record no output: how many of their leading inputs the kernel
+#: writes back (AdamW: var, m, v; momentum: var, accum), from the update's formula
+_IN_PLACE_WRITES = {"ApplyAdamWV2": 3, "ApplyAdamW": 3, "ApplyMomentum": 2}
 _TRANSCENDENTAL = frozenset({"Exp", "Log", "Sigmoid", "Tanh", "Sin", "Cos", "Pows", "Pow", "Sqrt", "Rsqrt",
                              "Erf", "Gelu", "GeLU", "SwiGlu", "SwiGluGrad", "LogSoftmaxV2", "SoftmaxV2",
                              "LogSoftmaxGrad", "SoftmaxGrad", "RotaryPositionEmbedding",
@@ -120,6 +128,11 @@ class Features:
     dtype: str
     pair: str = ""      # TransData "SRC->DST"; "MemSet" for a MemSet without shapes (a fixed cost)
     vflops: float = 0.0  # Attention: the softmax's vector operations beside the cube work
+    #: MatMul: bytes of the operands stored transposed (x·Wᵀ's weight as (N, K)), part of ``nbytes``;
+    #: Attention: the per-score streams (a full mask, the dropout bit mask), not part of ``nbytes``
+    xbytes: float = 0.0
+    #: MatMul: bytes of the result (part of ``nbytes``), written through the FixPipe into L2
+    obytes: float = 0.0
 
 
 def _conv_macs(op) -> float | None:
@@ -145,7 +158,13 @@ def _conv_macs(op) -> float | None:
     return _numel(act) / cout * _numel(w)
 
 
-def _matmul_k(op) -> float | None:
+def _matmul_work(op) -> tuple[float, float] | None:
+    """(K, bytes of the operands stored transposed) of a MatMul row, or None when its shapes do not say.
+
+    With y = (…, M, N): A is (…, M, K) as stored or (…, K, M) transposed, B is (…, K, N) or (…, N, K)
+    transposed. When the shapes cannot tell (a square B, N == K), a 1-D third input of N elements — the
+    bias of torch's ``Linear``, whose weight is stored (out, in) = (N, K) and multiplied as x·Wᵀ — says B
+    is transposed; without one, the operand is taken as stored."""
     if len(op.in_shapes) < 2 or not op.out_shapes:
         return None
     a, b, y = op.in_shapes[0], op.in_shapes[1], op.out_shapes[0]
@@ -156,18 +175,25 @@ def _matmul_k(op) -> float | None:
         m, n = y[-2], y[-1]
         ka = a[-1] if a[-2] == m else a[-2] if a[-1] == m else None
         kb = b[-2] if b[-1] == n else b[-1] if b[-2] == n else None
-        if ka and kb:
-            return float(min(ka, kb))   # they disagree only for packed layouts: the smaller is what runs
         if ka or kb:
-            return float(ka or kb)
+            k = float(min(ka, kb) if ka and kb else (ka or kb))  # they disagree only for packed layouts
+            bias = op.in_shapes[2] if len(op.in_shapes) > 2 else None
+            trans_a = a[-2] != m and a[-1] == m
+            trans_b = (b[-1] != n and b[-2] == n) or (b[-1] == n == b[-2] and bool(bias)
+                                                       and len(bias) == 1 and bias[0] == n)
+            sizes = _ITEMSIZE.get((op.in_dtypes[0] if op.in_dtypes else "FLOAT").upper(), 4), \
+                _ITEMSIZE.get((op.in_dtypes[1] if len(op.in_dtypes) > 1 else "FLOAT").upper(), 4)
+            tb = (trans_a * _numel(a) * sizes[0]) + (trans_b * _numel(b) * sizes[1])
+            # shapes whose two K disagree are packed or inconsistent: their orientation is not known
+            return k, float(tb) if ka == kb else 0.0
     batch = _numel(y) / max(1, y[-2] * y[-1]) if fmt == "ND" else 1.0
     k2 = _numel(a) * _numel(b) / max(1, _numel(y)) / max(1.0, batch)
-    return math.sqrt(k2) if k2 > 0 else None
+    return (math.sqrt(k2), 0.0) if k2 > 0 else None
 
 
-def _attention_work(op) -> tuple[float, float] | None:
-    """(cube FLOPs, softmax vector ops) of a FlashAttentionScore(Grad) row, or None when its shapes are
-    not the layouts read here.
+def _attention_work(op) -> tuple[float, float, float] | None:
+    """(cube FLOPs, softmax vector ops, per-score stream bytes) of a FlashAttentionScore(Grad) row, or
+    None when its shapes are not the layouts read here.
 
     Shapes as torch_npu's kernel rows record them (CANN's FlashAttentionScore): q, k, v first, in
     layout SBH / BSH (3-D: the hidden size is heads x head dim) or BNSD / BSND (4-D); the first output
@@ -177,7 +203,14 @@ def _attention_work(op) -> tuple[float, float] | None:
     first two dims for 3-D, dim 2 of BNSD). A 2-D 2048 x 2048 mask is CANN's compressed causal mask
     (sparse modes 2-4): the kernel skips the blocks above the diagonal, about half the work. Forward:
     QK^T and PV, 2 x 2·B·N·Sq·Skv·D; backward: 5 products (QK^T again, dP, dQ, dK, dV), 2.5x the forward.
-    Softmax: about 8 vector operations per score (max, subtract, exp, sum, scale; the grad ~2x)."""
+    Softmax: about 8 vector operations per score (max, subtract, exp, sum, scale; the grad ~2x).
+
+    What else the row shows is priced per score too: a full 4-D mask (…, Sq, Skv) is read for every
+    head (its itemsize per score; broadcast over B·N, it is read B·N times) and applied (1 select per
+    score); a dropout bit mask (a 1-D uint8 input of one bit per score, ``drop_mask``) is read (1/8 byte
+    per score) and applied (select the kept scores, scale them by 1/keep_prob: 2 operations; the grad
+    applies it twice, to P and to dP). These streams are the third element: bytes the vector core loads
+    tile by tile before it can apply them."""
     ins = list(op.in_shapes)
     if len(ins) < 3 or not ins[0] or len(ins[0]) not in (3, 4):
         return None
@@ -196,17 +229,25 @@ def _attention_work(op) -> tuple[float, float] | None:
         sq = max(q[0], q[1])
     else:
         sq = q[2]
-    skv, causal = sq, False
-    for m in ins[3:8]:
-        if m and tuple(m) == tuple(smax):
-            continue                      # the grad's softmax_max input, not a mask
+    skv, causal, mask_item = sq, False, 0
+    for k, m in enumerate(ins[3:8], start=3):
+        if m and tuple(m) in (tuple(smax), tuple(q)):
+            continue                      # the grad's softmax_max or dy input, not a mask
         if m and len(m) == 4 and m[-2] == sq:
             skv = m[-1]
+            dt = op.in_dtypes[k] if k < len(op.in_dtypes) else None
+            mask_item = _ITEMSIZE.get((dt or "BOOL").upper(), 1)
         elif m and len(m) == 2 and tuple(m) == (2048, 2048):
             causal = True
-    scores = bns * skv * (0.5 if causal else 1.0)
+    full = bns * skv
+    dropout = any(s and len(s) == 1 and 8 * _numel(s) >= full and 8 * _numel(s) <= full + 8 * 4096
+                  and k < len(op.in_dtypes) and (op.in_dtypes[k] or "").upper() == "UINT8"
+                  for k, s in enumerate(ins[3:], start=3))
+    scores = full * (0.5 if causal else 1.0)
     fwd = 2 * 2.0 * scores * d
-    return (2.5 * fwd if grad else fwd), (16.0 if grad else 8.0) * scores
+    per_score = 8.0 + (1.0 if mask_item else 0.0) + (2.0 if dropout else 0.0)
+    stream = scores * (mask_item + (0.125 if dropout else 0.0))
+    return (2.5 * fwd if grad else fwd), (2.0 if grad else 1.0) * per_score * scores, stream
 
 
 def _largest_elems(op) -> int:
@@ -242,18 +283,31 @@ def features(op) -> Features | None:
         w = _attention_work(op)
         if w is None:
             return None
-        return Features("Attention", engine, w[0], float(in_b + out_b), dtype, vflops=w[1])
+        return Features("Attention", engine, w[0], float(in_b + out_b), dtype, vflops=w[1], xbytes=w[2])
     if t in CONV_TYPES:
         macs = _conv_macs(op)
         return None if macs is None else Features("Conv", engine, 2.0 * macs, float(in_b + out_b), dtype)
     if t in MATMUL_TYPES:
-        k = _matmul_k(op)
-        if k is None:
+        w = _matmul_work(op)
+        if w is None:
             return None
-        return Features("MatMul", engine, 2.0 * _numel(op.out_shapes[0]) * k, float(in_b + out_b), dtype)
+        return Features("MatMul", engine, 2.0 * _numel(op.out_shapes[0]) * w[0], float(in_b + out_b), dtype,
+                        xbytes=w[1], obytes=float(out_b))
     if t in VECTOR_TYPES:
         if t in _OUTPUT_ONLY:
             in_b = 0
+        if t in _IN_PLACE_WRITES and not any(op.out_shapes):
+            n = _IN_PLACE_WRITES[t]
+            out_b = _nbytes(op.in_shapes[:n], op.in_dtypes[:n])        # the state it updates in place
+        if t.startswith("MaxPoolGradWithArgmax") and len(op.in_shapes) > 2 and op.in_shapes[2] \
+                and len(op.in_shapes[2]) == 6 and op.in_shapes[2][-1] and op.in_shapes[2][3]:
+            # the argmax mask the grad reads is the one its forward wrote, (N, C1, kh·kw, blocks, C0)
+            # uint16; the row records it as (N, C, kh·kw, kh·kw, blocks, C0), C0·kh·kw times larger —
+            # bytes the kernel cannot have read (layer 2 of the CNN capture would need 14 TB/s on its
+            # measured MTE2 time)
+            s6 = op.in_shapes[2]
+            shown = _nbytes([s6], op.in_dtypes[2:3])
+            in_b -= shown - shown // (s6[-1] * s6[3])
         elems = _largest_elems(op)
         per = float(_OPS_PER_ELEMENT.get(t, 8.0 if t in _TRANSCENDENTAL else 1.0))
         if t.startswith("MaxPoolWithArgmax") and len(op.out_shapes) > 1 and op.out_shapes[1] \
@@ -283,13 +337,23 @@ def predict(f: Features, p: C.SocProfile) -> float:
     if f.cls == "Attention":
         # cube products and the softmax (float32 on the vector unit) alternate tile by tile; the fused
         # kernel's one efficiency applies to both (the other kernels' vector efficiency is not this one's)
+        # the per-score streams (a full mask, dropout bits) are loaded by the vector core before it can
+        # apply them, in the softmax's own pipeline: added, not hidden behind the cube work
+        bw = p.bandwidth_gbps * 1e9 * p.bw_efficiency
         comp = ((f.flops / p.cube_peak_flops(f.dtype) + f.vflops / p.vector_peak_flops("float32"))
-                / p.cube_eff(f.dtype, "FlashAttention"))
-        return launch + 1e6 * max(comp, f.nbytes / (p.bandwidth_gbps * 1e9 * p.bw_efficiency))
+                / p.cube_eff(f.dtype, "FlashAttention")) + f.xbytes / bw
+        return launch + 1e6 * max(comp, f.nbytes / bw)
     if f.cls == "TransData":
         src, dst = f.pair.split("->", 1)
         return p.transdata_launch(src, dst, f.engine) + 1e6 * f.nbytes / (p.bandwidth_gbps * 1e9 * p.transdata_eff(src, dst, f.dtype))
     mem = f.nbytes / (p.bandwidth_gbps * 1e9 * p.bw_efficiency)
+    if f.cls == "MatMul":
+        # an operand stored transposed streams at a fraction of the bandwidth (its rows are not the
+        # fractal's rows: the ND-to-fractal load gathers them); the result leaves the cube through the
+        # FixPipe into L2 (write-back), at its own rate
+        bw = p.bandwidth_gbps * 1e9 * p.bw_efficiency
+        mem = ((f.nbytes - f.obytes - f.xbytes) + f.xbytes / p.transposed_read_efficiency) / bw \
+            + f.obytes / (p.bandwidth_gbps * 1e9 * p.cube_write_efficiency)
     if f.cls in ("Conv", "MatMul"):
         comp = f.flops / (p.cube_peak_flops(f.dtype) * p.cube_eff(f.dtype, f.cls))
     else:
@@ -549,11 +613,15 @@ measured time.</p>
 #: than its AI CPU, and the derived profiles take this efficiency)
 _SCALAR_BOUNDS = {"fp32_tflops": (5.0, 400.0), "vector_efficiency": (0.25, 1.0), "bw_efficiency": (0.05, 1.0),
                   "aicpu_launch_us": (1.0, 500.0), "aicpu_bandwidth_gbps": (0.05, 200.0),
-                  "fill_efficiency": (0.05, 1.0), "dsa_bandwidth_gbps": (0.5, 400.0)}
+                  "fill_efficiency": (0.05, 1.0), "dsa_bandwidth_gbps": (0.5, 400.0),
+                  "transposed_read_efficiency": (0.1, 1.0), "cube_write_efficiency": (0.05, 3.0)}
 _LAUNCH_BOUNDS = (0.3, 50.0)
 _TD_BOUNDS = (0.01, 3.0)
 _CUBE_BOUNDS = (0.01, 1.0)
 MIN_OPS_PER_PARAM = 2
+#: an AI CPU op moving fewer bytes is launch-bound (1 MB at its assumed 20 GB/s is 50 µs, its launch's
+#: size): ops below this say nothing about the AI CPU's bandwidth, which then keeps its base value
+AICPU_BW_MIN_BYTES = 1 << 20
 #: multi-start: the base profile plus FIT_STARTS - 1 points drawn (seed FIT_SEED) inside the bounds
 FIT_STARTS = 4
 FIT_SEED = 19
@@ -589,6 +657,8 @@ def _param_specs(feats: list[Features], base: C.SocProfile) -> list[tuple[str, s
     for f in feats:
         if f.cls == "AI CPU":
             count[("aicpu",)] += 1
+            if f.nbytes >= AICPU_BW_MIN_BYTES:
+                count[("aicpu_bw",)] += 1
             continue
         if f.pair == "MemSet":
             count[("memset",)] += 1
@@ -606,6 +676,10 @@ def _param_specs(feats: list[Features], base: C.SocProfile) -> list[tuple[str, s
         elif f.cls in ("Conv", "MatMul"):
             count[("cube", f.dtype)] += 1
             count[("cubecls", f"{f.cls}/{f.dtype}")] += 1
+            if f.xbytes:
+                count[("transposed",)] += 1
+            if f.cls == "MatMul" and f.obytes:
+                count[("cubewrite",)] += 1
         else:
             count[("vector",)] += 1
     for (kind, *rest), n in sorted(count.items()):
@@ -632,12 +706,18 @@ def _param_specs(feats: list[Features], base: C.SocProfile) -> list[tuple[str, s
         elif kind == "vector":
             for k in ("vector_efficiency", "bw_efficiency"):
                 specs.append((k, "", *_SCALAR_BOUNDS[k], getattr(base, k)))
-        elif kind == "aicpu":
-            for k in ("aicpu_launch_us", "aicpu_bandwidth_gbps"):
-                specs.append((k, "", *_SCALAR_BOUNDS[k], getattr(base, k)))
+        elif kind in ("aicpu", "aicpu_bw"):
+            k = "aicpu_launch_us" if kind == "aicpu" else "aicpu_bandwidth_gbps"
+            specs.append((k, "", *_SCALAR_BOUNDS[k], getattr(base, k)))
         elif kind in ("fill", "dsa"):
             k = "fill_efficiency" if kind == "fill" else "dsa_bandwidth_gbps"
             specs.append((k, "", *_SCALAR_BOUNDS[k], getattr(base, k)))
+        elif kind == "transposed":
+            specs.append(("transposed_read_efficiency", "", *_SCALAR_BOUNDS["transposed_read_efficiency"],
+                          base.transposed_read_efficiency))
+        elif kind == "cubewrite":
+            specs.append(("cube_write_efficiency", "", *_SCALAR_BOUNDS["cube_write_efficiency"],
+                          base.cube_write_efficiency))
         elif kind == "memset":
             specs.append(("launch_us_by_engine", "MemSet", *_LAUNCH_BOUNDS,
                           float(base.launch_us_by_engine.get("MemSet", base.launch_us))))
@@ -750,10 +830,12 @@ def fit(captures: Sequence[tuple[str, Sequence[Any]]], base: "str | C.SocProfile
                 continue
             sp = _param_specs(tr_f, b)
             pk = _fit_profile(tr_f, tr_m, b, sp, weights=_weights([c for j, c in enumerate(per_cap) if j != k]))
-            per[label] = _summary(fs, ms, pk)
+            preds = [predict(f, pk) for f in fs]
+            per[label] = _summary_from_pred(fs, ms, preds)
+            per[label]["per_type"] = _per_type(types_of[label], ms, preds)
             lf += fs
             lm += ms
-            lp += [predict(f, pk) for f in fs]
+            lp += preds
             lt += types_of[label]
         if lf:
             loo = _summary_from_pred(lf, lm, lp)

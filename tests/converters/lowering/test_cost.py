@@ -605,3 +605,84 @@ def test_estimate_charges_fused_ops_to_their_producer_and_names_cann_types(real_
     total = sum(by_type.values())
     assert by_type["Conv2D"] / total > 0.3
     assert (by_type.get("Add", 0) + by_type.get("Mul", 0)) / total < by_type["Conv2D"] / total
+
+
+def _hand_profile(**over):
+    """A profile with round figures, so the expected times below are computed by hand."""
+    d = {"name": "hand", "base": "Ascend910B", "bandwidth_gbps": 1000.0, "bw_efficiency": 0.5,
+         "fp32_tflops": 1000.0, "fp16_tflops": 100.0, "vector_fp16_tflops": 10.0,
+         "transposed_read_efficiency": 0.25, "cube_write_efficiency": 1.0,
+         "launch_us_by_engine": {"AI_CORE": 2.0, "MIX_AIC": 1.0},
+         "cube_efficiency_by_dtype": {"MatMul/float32": 1.0, "FlashAttention/bfloat16": 0.5}}
+    d.update(over)
+    return SocProfile.from_dict(d)
+
+
+def test_matmul_prices_the_transposed_weight_and_the_result_apart():
+    """The CNN capture's forward Linear (aclnnAddmm: x·Wᵀ + bias, W stored (N, K)) against its backward
+    Mm (dy·W, W as (K, N)): same shapes, 126.7 vs 45.5 µs. By hand, at 1000 GB/s x 0.5, the transposed
+    weight read at 0.25 of that and the result written at 1000 GB/s: the forward reads x (32x4096) and
+    the bias (4096) plainly, W (4096x4096 fp32, 67,108,864 bytes) transposed, writes 32x4096."""
+    p = _hand_profile()
+    fwd = costcheck.features(_m("MatMulV2", [(32, 4096), (4096, 4096), (4096,)], [(32, 4096)],
+                                ["ND"] * 3, ["ND"]))
+    bwd = costcheck.features(_m("MatMulV2", [(32, 4096), (4096, 4096)], [(32, 4096)], ["ND"] * 2, ["ND"]))
+    assert fwd.xbytes == 4096 * 4096 * 4 and bwd.xbytes == 0          # square W: the bias says x·Wᵀ
+    assert fwd.obytes == bwd.obytes == 32 * 4096 * 4
+    plain_us = (32 * 4096 * 4 + 4096 * 4) / 500e9 * 1e6               # 1.081344
+    trans_us = 67108864 / (500e9 * 0.25) * 1e6                         # 536.870912
+    write_us = 32 * 4096 * 4 / 1000e9 * 1e6                            # 0.524288
+    assert costcheck.predict(fwd, p) == pytest.approx(2.0 + plain_us + trans_us + write_us)
+    assert costcheck.predict(bwd, p) == pytest.approx(2.0 + (32 * 4096 * 4 + 67108864) / 500e9 * 1e6 + write_us)
+    # a non-square weight stored (N, K) is transposed by its shape alone; xᵀ·dy transposes the small x
+    fc1 = costcheck.features(_m("MatMulV2", [(32, 9216), (4096, 9216), (4096,)], [(32, 4096)], ["ND"] * 3, ["ND"]))
+    dw = costcheck.features(_m("MatMulV3", [(32, 4096), (32, 9216)], [(4096, 9216)], ["ND"] * 2, ["ND"]))
+    assert fc1.xbytes == 4096 * 9216 * 4 and dw.xbytes == 32 * 4096 * 4 and dw.obytes == 4096 * 9216 * 4
+    # a row whose two K disagree (mstt's fixture: 81920 from A, 8192 from B) tells no orientation
+    odd = costcheck.features(_m("MatMulV2", [(81920, 4096), (8192, 512)], [(4096, 512)], ["ND"] * 2, ["ND"],
+                                dtype="BF16"))
+    assert odd.flops == 2 * 4096 * 512 * 8192 and odd.xbytes == 0
+
+
+def test_flash_attention_prices_the_full_mask_and_the_dropout_mask_it_reads():
+    """gpt3_step_start_rank0's forward: B 2 x 5 heads x 8192 x 8192 = 671,088,640 scores, a bf16 mask
+    (1, 1, 8192, 8192) read for every head (2 bytes a score) and a dropout bit mask of 83,886,112 bytes
+    (1 bit a score): 2.125 bytes a score streamed, 8 + 1 (mask) + 2 (dropout) vector operations. The
+    LLM step's causal call (compressed 2048x2048 mask, empty drop_mask) streams nothing per score."""
+    scores = 2 * 5 * 8192 * 8192
+    h = costcheck.features(MeasuredOp("fa", "FlashAttentionScore", "MIX_AIC", tuple(_GPT_FA), tuple(_GPT_FA_OUT),
+                                      ("BF16", "BF16", "BF16", "FLOAT", "UINT8", "FLOAT", "BF16"), (),
+                                      ("ND",) * 7, (), 7000.0))
+    assert h.xbytes == pytest.approx(scores * 2.125) and h.vflops == pytest.approx(11 * scores)
+    f = costcheck.features(MeasuredOp("fa", "FlashAttentionScore", "MIX_AIC", tuple(_LLM_FA), tuple(_LLM_FA_OUT),
+                                      ("BF16", "BF16", "BF16", "BF16", "UINT8", "BF16", "BOOL"), (),
+                                      ("ND",) * 7, (), 880.0))
+    assert f.xbytes == 0 and f.vflops == pytest.approx(8 * 16 * 4096 * 4096 / 2)
+    # by hand: cube 4·scores·128 at 100 TFLOPS bf16, vector 11·scores at 5 TFLOPS (fp32: half of 10), both
+    # at 0.5; the streams at 1000 GB/s x 0.5; launch 1 µs
+    p = _hand_profile()
+    cube_s = 4 * scores * 128 / 100e12
+    vec_s = 11 * scores / 5e12
+    expected = 1.0 + 1e6 * ((cube_s + vec_s) / 0.5 + scores * 2.125 / 500e9)
+    assert costcheck.predict(h, p) == pytest.approx(expected)
+
+
+def test_in_place_optimizer_writes_and_the_pool_grads_real_mask():
+    # ApplyAdamWV2 of the LLM step (no output recorded): reads var, m, v, grad and the step, writes var, m, v
+    n = 3145728
+    adam = costcheck.features(_m("ApplyAdamWV2", [(n,)] * 4 + [(1,)], [], ["ND"] * 5, [], 134.2, "AI_VECTOR_CORE"))
+    assert adam.nbytes == 4 * n * 4 + 4 + 3 * n * 4               # the step read as FLOAT by _m: 4 bytes
+    # MaxPoolGradWithArgmaxV1 of the CNN (layer 2): the mask its forward wrote is (32, 12, 9, 12, 16)
+    # uint16; the row shows (32, 192, 9, 9, 12, 16), 16 x 9 times larger
+    x, dy, mask = (32, 12, 27, 27, 16), (32, 12, 13, 13, 16), (32, 192, 9, 9, 12, 16)
+    op = MeasuredOp("g", "MaxPoolGradWithArgmaxV1", "AI_VECTOR_CORE", (x, dy, mask), (x,),
+                    ("FLOAT", "FLOAT", "UINT16"), ("FLOAT",), ("NC1HWC0",) * 3, ("NC1HWC0",), 100.8)
+    g = costcheck.features(op)
+    assert g.nbytes == 4 * math.prod(x) + 4 * math.prod(dy) + 2 * 32 * 12 * 9 * 12 * 16 + 4 * math.prod(x)
+
+
+def test_new_profile_fields_are_bounded():
+    with pytest.raises(InputError, match="cube_write_efficiency"):
+        SocProfile.from_dict({"name": "x", "base": "Ascend910B", "cube_write_efficiency": 4.0})
+    with pytest.raises(InputError, match="transposed_read_efficiency"):
+        SocProfile.from_dict({"name": "x", "base": "Ascend910B", "transposed_read_efficiency": 1.5})
