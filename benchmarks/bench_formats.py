@@ -551,7 +551,8 @@ two (small) arrays alive until the next binding of that recipe.
 **Large tensors** (`converters/formats/_copykernel.c`): SSE2 register transposes for 1-, 2- and
 4-byte elements, contiguous runs of up to 64 bytes as one unit, cache tiles, optional streaming
 stores, and `npd_tile3` for FRACTAL_Z's many small `C0 x H·W` blocks to and from long runs (with an
-r-chunk loop order as a variant: rc consecutive r for every outer index, rc = 1 line, 8, 128 or 255).
+r-chunk loop order as a variant: rc consecutive r for every outer index, rc = 1 line, 8, 128 or 255,
+and the staged walk for tensors beyond the caches, rc = 4, 8 or 32: see below).
 Where the CPU reports AVX2 (runtime dispatch: per-function `target("avx2")`, the file itself built
 without `-march`, so the same shared object runs on any x86-64), FRACTAL_Z's fp16 (16 x H·W) and int8
 (32 x H·W) blocks and int8 NC1HWC0 pack use AVX2 transposes of twice the width: two source rows per
@@ -566,13 +567,13 @@ Read the tables with the host line: the 2 cores were shared with other jobs (loa
 core), which disturbs CPU-time ratios too (shared caches and memory bandwidth), though far less than
 wall time. The summary and the "off" list under the tables are this run's.
 
-* **Per call** (this run: target met in 60 of 60 rows, not slower than naive in 59 of 60): the
-  plain numpy expression was 2-3x faster than `pack`/`unpack(out=...)` at 4 KiB before, because
-  every call paid key building and argument checks that a bound runner now skips. The one row at
-  0.81x (NC1HWC0 fp32 unpack, 64 KiB) is past the gather size: its choice between the kernel
-  program and the views was measured once, under a load above 10 per core.
-* **Large tensors** (these rows: 45 of 60 at >= 0.6 of a copy in CPU time, all 30 at 16 MiB; every
-  one of the 60 faster than the plain numpy expression, typically 2-10x). What the AVX2 transposes
+* **Per call** (the counts are in the summary line under the tables): the plain numpy expression
+  was 2-3x faster than `pack`/`unpack(out=...)` at 4 KiB before, because every call paid key
+  building and argument checks that a bound runner now skips. A 64 KiB row is past the gather size:
+  its choice between the kernel program and the views is measured once, so a loaded host can leave
+  it below naive (NC1HWC0 fp32 unpack at 0.81x in an earlier run at load 10 per core).
+* **Large tensors** (counts in the summary line; every row faster than the plain numpy
+  expression in the runs so far, typically 2-10x). What the AVX2 transposes
   changed, 16 MiB, same host: FRACTAL_Z fp16 pack 0.48 -> 0.68, unpack 0.51 -> 0.87, int8 pack 0.38
   -> 0.65, unpack 0.55 -> 0.60; grouped FRACTAL_Z fp16 pack 0.47 -> 0.87, int8 pack 0.37 -> 0.85;
   NC1HWC0 int8 pack -> 0.72. Why it was the shuffles and not (only) the access pattern: the same
@@ -581,24 +582,36 @@ wall time. The summary and the "off" list under the tables are this run's.
   memory time rather than hiding under it; AVX2 raises the in-cache rate to ~27 / ~15 GB/s (C
   harness over the kernel file, CPU time). Prefetch distances (8-64 blocks) and n-tiles at 16 MiB
   changed nothing beyond the noise.
-* **Not met: 256 MiB FRACTAL_Z (plain and grouped, 0.14-0.49), int8 NC1HWC0 / NDC1HWC0 pack
-  (0.44-0.57) and FRACTAL_NZ int8 pack (0.50) at 256 MiB.** There the tensors leave the caches and
-  the transposes are bound by the memory system, not by instructions: AVX2 gave no gain on int8
-  NC1HWC0 pack at 256 MiB (0.41 -> 0.42 in the C harness), and the access pattern alone (32 strided
-  source rows read in 256-2048-byte pieces and written contiguously, no transpose) reaches only
-  0.45-0.56 of a copy; prefetching, deeper tiles, fewer source rows in flight and staging through
-  L1 were measured and do not help. For FRACTAL_Z at 256 MiB one pass over n touches 4096 source
-  pages (more than the TLB holds): the r-chunk variants of 128 / 255 blocks keep a pass inside it
-  (C harness 0.21 -> 0.44-0.54; in the recipe tuner r255 wins, 0.28 against 0.22 for r innermost),
-  but the ratio also moves 2x with the machine's state (fp16 pack 0.45 in a run at load 13-20 before
-  these variants, 0.14 at load 7 when the copy itself ran at 11 GB/s). Also measured at 256 MiB and
-  no better (0.40-0.45): tiles over both n and c1 (64-256 n x 4-16 c1, so both sides move runs of
-  2 KiB or more), and prefetching the next n-chunk sequentially. The kernel then moves ~4-4.8 GB/s
-  against 8-11 for the copy; the ordinary stores' read-for-ownership alone caps it near 0.67, so
-  full-line streaming stores were tried as well (8 blocks staged in L1 per run, whole lines
-  streamed, the 16-byte misaligned ends stored normally): no better than ordinary stores side by
-  side (0.44-0.64 against 0.62-0.68 at 16 MiB), so not kept. What these rows need is not wider
-  registers but a loop structure whose memory traffic matches the copy's; that is not done.
+* **256 MiB: what changed, what is still not met.** Beyond the caches the transposes are bound by
+  how their memory traffic looks, not by instructions. Three findings, each measured in a C harness
+  over the kernel file and then through the recipes (CPU time, side by side with the copy):
+  * *FRACTAL_Z pack: the staged walk.* With r innermost every (n, b) wrote one 32-byte piece of a
+    run: half lines, read for ownership, scattered over 2,016 runs (0.14-0.28 of a copy). The
+    staged walk (`npd_tile3` dir bit 3, variants `nt-…-rN-staged`) reads the NCHW weight row by row
+    (rc rows per tile, all c1), transposes each tile into a buffer in L1 and streams every run's
+    piece out in whole lines: aligned buffers 0.70-0.73 at rc 8.
+  * *Misaligned outputs.* numpy's large arrays start 16 bytes past a page, so every piece began and
+    ended inside a line; streaming those partial lines, or storing them normally, fell back to
+    0.16-0.43. Carrying each run's pending bytes to the next tile (a line writer per run) wrote only
+    whole lines but its 2,016 states were slower to touch than the lines they saved (0.45). What the
+    kernel does: each tile stages again the one or two r before its own (the bytes of the line it
+    shares with the previous tile) and writes exactly the whole lines it completes: 0.61-0.65 with
+    the output 16 bytes off (+25 % transposes at rc 8, which cost less than the traffic).
+  * *4K aliasing.* A load from the staging buffer whose low 12 address bits match a streaming store
+    just issued waits for it: with the buffer at one offset the same walk ran at 0.45, at others at
+    0.63-0.66. The buffer is placed 512 bytes (mod 4096) past the destination piece it feeds.
+  * *int8 NC1HWC0 / NDC1HWC0 pack:* the destination tile is one contiguous run but no register
+    transpose could stream it (8-byte stores); it is now transposed into an L2 buffer and streamed
+    out in whole lines (0.42 -> 0.60-0.61).
+  * **Still under 0.6 at 256 MiB** (see the table): the FRACTAL_Z unpacks (plain and grouped,
+    0.33-0.45), NC1HWC0 / NDC1HWC0 int8 unpack (~0.5), FRACTAL_Z fp32 / int8 and grouped fp16 /
+    int8 pack (0.5-0.6). The unpacks read the run side in pieces of rc x C0 from B x oc runs per
+    tile; the staged unpack (pieces gathered into L1 with the next tile's prefetched, blocks
+    transposed into a second buffer, block rows streamed with carried lines) reached 0.42-0.47
+    against 0.35-0.37 before; larger tiles (to 255 r, 128 KiB buffers), direct transposes from the
+    runs and other prefetch distances did not do better. Staging NC1HWC0 unpack's far-apart rows
+    through L2 was slower than ordinary stores (0.43 against 0.60) and is not kept. Not measured on
+    an AMD host (none here).
 * **2 threads**: reported (wall clock), not a target of this run: with the load above 1 per core
   the helper thread mostly waits for a core.
 
