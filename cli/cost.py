@@ -54,7 +54,8 @@ def _read(paths, cmd: str) -> list:
 @command.command("check", context_settings=_CTX)
 @click.argument("captures", nargs=-1, required=True, type=click.Path(exists=False))
 @click.option("--soc", default=None, metavar="SOC|profile.json",
-              help="Cost profile to check (default: the SoC the capture records, else Ascend910B).")
+              help="Cost profile to check (default: the SoC part the capture records, else the 910B part "
+                   "its block dims show, else Ascend910B).")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None,
               help="Write every op, the totals and the FormatTrans shares as JSON (npu-deploy/cost-check v1).")
 @click.option("--html", "html_path", type=click.Path(dir_okay=False), default=None,
@@ -70,19 +71,23 @@ def check_cmd(ctx, captures, soc, json_path, html_path, max_error, top):
 
     refuse_overwriting([("--json", json_path), ("--html", html_path)], [("capture", c) for c in captures])
     caps = _read(captures, "cost check")
+    soc_of = None
     if soc is None:
-        soc = next((c.soc for c in caps if c.soc), None)
-        if soc is None:
-            soc = "Ascend910B"
-            click.echo("npu-deploy: note: the capture does not record its SoC; checking against Ascend910B "
-                       "(--soc to choose)", err=True)
+        # each capture on the part it ran on: named in the capture, else inferred from its block dims
+        choice = {c.label: costcheck.capture_part(c.ops, c.soc) for c in caps}
+        soc_of = {k: v.soc for k, v in choice.items()}
+        soc = next(iter(soc_of.values()))
+        note = "\n".join((f"{k}: " if len(caps) > 1 else "") + f"{v.soc} — {v.why} (--soc to choose)"
+                         for k, v in choice.items())
+    else:
+        note = f"{soc} — given with --soc"
     skipped: dict[str, int] = {}
     for c in caps:
         for k, n in c.skipped.items():
             if k != "communication":
                 skipped[k] = skipped.get(k, 0) + n
     report = costcheck.check([o for c in caps for o in c.ops], soc, max_error_pct=max_error, skipped=skipped,
-                             captures=[c.label for c in caps])
+                             captures=[c.label for c in caps], soc_of=soc_of, soc_note=note)
     if json_path:
         report.to_json(json_path)
     if html_path:
@@ -127,6 +132,8 @@ def fit_cmd(ctx, captures, output, base, name, json_path):
     if json_path:
         res.to_json(json_path)
     click.echo(f"fitted on {', '.join(res.captures)}")
+    for label, part in res.parts.items():
+        click.echo(printable(f"  {label} priced as {part['soc']}: {part['why']}"))
     for k, v in res.parameters.items():
         click.echo(f"  {k:<52} {v:.4g}")
     for label, s in (("in sample", res.in_sample), ("leave one capture out", res.leave_one_out)):

@@ -25,9 +25,12 @@ Public API (used by the planner, the bundle manifest and the emulator's estimate
                launch_us, cube_efficiency, vector_efficiency, bw_efficiency, transdata_efficiency,
                nd_load_efficiency, aicpu_gflops, aicpu_bandwidth_gbps, aicpu_launch_us,
                sources: dict[str, str])            # field -> source or "assumption: ..."
-    SOC_PROFILES: dict[str, SocProfile]             # "Ascend310P3", "Ascend910B"
+    SOC_PROFILES: dict[str, SocProfile]             # "Ascend310P3", "Ascend910B", "Ascend910B2"..B4 ...
+    SOC_PARTS: dict[str, dict]                      # 910B parts: cube/vector core counts, cube clock
+    part_profile(p, part) -> SocProfile             # p's efficiencies with the part's cube/vector peaks
     get_soc_profile(soc: str | SocProfile | os.PathLike) -> SocProfile
-        # exact name, family prefix ("Ascend910B3" -> "Ascend910B", "Ascend310P1" -> "Ascend310P3"),
+        # exact name (a 910B part: "Ascend910B4"), family prefix ("Ascend910B1" -> "Ascend910B",
+        # "Ascend310P1" -> "Ascend310P3"),
         # a SocProfile, or a JSON file path (SocProfile.to_dict() layout; missing fields are taken
         # from the profile named in "base", default Ascend310P3). Unknown SoC -> InputError.
     OpWork(flops: float, bytes_in: int, bytes_out: int, unit: "cube" | "vector" | "none")
@@ -267,7 +270,7 @@ _A = "assumption: "
 _TABLES = ("launch_us_by_engine", "transdata_efficiency_by_pair", "cube_efficiency_by_dtype")
 LAUNCH_ENGINES = ("AI_CORE", "AI_VECTOR_CORE", "MIX_AIC", "MIX_AIV", "DSA_SQE")
 _CALIBRATION_KEYS = ("calibrated", "captures", "median_op_error_pct", "summary", "per_type",
-                     "leave_one_out_median_pct", "fitted")
+                     "leave_one_out_median_pct", "fitted", "parts")
 
 
 def _check_map(name: str, field: str, d: Any, lo: float, hi: float, *, keys: Sequence[str] | None = None,
@@ -430,6 +433,82 @@ SOC_PROFILES["Ascend910_93"] = _derived("Ascend910_93", {
     "fp16_tflops": _A + "per die the same as Ascend910B (Atlas A3 pairs two such dies; one device here)",
     "int8_tops": _A + "as Ascend910B", "fp32_tflops": _A + "as Ascend910B",
     "vector_fp16_tflops": _A + "as Ascend910B", "bandwidth_gbps": _A + "as Ascend910B, per die"})
+#: Core counts per 910B part, from CANN's platform config ("CANN platform_config Ascend910B2.ini /
+#: Ascend910B4.ini [SoCInfo]": ai_core_cnt, cube_core_cnt, vector_core_cnt; memory and L2 sizes; the
+#: cube clock where the file gives it). ``"Ascend910B"`` is the family profile's own assumption: its
+#: 300 TFLOPS and its vector figure (48 vector cores) describe a 24-core part. Ascend910B1's count is
+#: in no source here: it keeps the family profile. The HBM rate per part is in none of these files.
+SOC_PARTS: dict[str, dict] = {
+    "Ascend910B": {"family": "Ascend910B", "cube_cores": 24, "vector_cores": 48, "cube_ghz": None,
+                   "source": _A + "the family profile's 300 TFLOPS and 48 vector cores describe a 24-core part"},
+    "Ascend910B2": {"family": "Ascend910B", "cube_cores": 24, "vector_cores": 48, "cube_ghz": None,
+                    "memory_gib": 64, "l2_mib": 192,
+                    "source": "CANN platform_config Ascend910B2.ini [SoCInfo]: ai_core_cnt=24, cube_core_cnt=24, "
+                              "vector_core_cnt=48; 64 GiB, L2 192 MiB"},
+    "Ascend910B3": {"family": "Ascend910B", "cube_cores": 20, "vector_cores": 40, "cube_ghz": None,
+                    "source": "CANN platform_config Ascend910B3.ini [SoCInfo]: 20 AI cores, 40 vector cores"},
+    "Ascend910B4": {"family": "Ascend910B", "cube_cores": 20, "vector_cores": 40, "cube_ghz": 1.5,
+                    "memory_gib": 32, "l2_mib": 96,
+                    "source": "CANN platform_config Ascend910B4.ini [SoCInfo]: ai_core_cnt=20, cube_core_cnt=20, "
+                              "vector_core_cnt=40, cube_freq 1500 MHz; 32 GiB, L2 96 MiB"},
+}
+#: fp16 multiply-adds per cube core per cycle (a 16x16x16 cube), times 2 operations each
+_CUBE_FLOPS_PER_CYCLE = 16 * 16 * 16 * 2
+
+
+def part_profile(p: SocProfile, part: str, *, ref: str | None = None) -> SocProfile:
+    """``p`` (a profile of a 910B-class family, e.g. the calibrated ``Ascend910B``) as it would price
+    ``part``: cube and vector peaks scaled by the part's core counts over those of ``ref`` (default:
+    ``p``'s own name in :data:`SOC_PARTS`), the cube peak from the part's cube clock where CANN gives
+    it; every efficiency, launch cost and the HBM rate shared. ``p`` itself when either core count is
+    unknown.
+
+    >>> round(part_profile(SOC_PROFILES["Ascend910B"], "Ascend910B4").fp16_tflops, 2)
+    245.76
+    """
+    fact, base = SOC_PARTS.get(part), SOC_PARTS.get(ref or p.name)
+    if fact is None or base is None:
+        return p
+    if part == (ref or p.name):
+        return p
+    if fact["cube_ghz"]:
+        fp16 = fact["cube_cores"] * _CUBE_FLOPS_PER_CYCLE * fact["cube_ghz"] * 1e9 / 1e12
+        cube_src = (f"{fact['source']}: {fact['cube_cores']} cores x 16x16x16 x 2 x {fact['cube_ghz']:g} GHz")
+    else:
+        fp16 = p.fp16_tflops * fact["cube_cores"] / base["cube_cores"]
+        cube_src = (f"{fact['source']}; {p.name}'s figure x {fact['cube_cores']}/{base['cube_cores']} cube cores "
+                    f"(assumption: same clock)")
+    s_cube = fp16 / p.fp16_tflops
+    s_vec = fact["vector_cores"] / base["vector_cores"]
+    sources = dict(p.sources)
+    sources.update({
+        "fp16_tflops": cube_src,
+        "int8_tops": f"{p.name}'s ratio to fp16 ({p.sources.get('int8_tops', 'assumption')}) at this part's fp16 peak",
+        "fp32_tflops": f"{p.name}'s fp32 cube rate ({p.sources.get('fp32_tflops', 'assumption')}) x {s_cube:.4g} "
+                       f"(this part's cube peak over {p.name}'s)",
+        "vector_fp16_tflops": f"{fact['source']}; {p.name}'s vector figure x {fact['vector_cores']}/"
+                              f"{base['vector_cores']} vector cores (assumption: same clock)",
+        "bandwidth_gbps": _A + f"{p.name}'s HBM figure ({p.sources.get('bandwidth_gbps', '')}); CANN's "
+                          f"platform_config gives no HBM rate per part"})
+    calib = dict(p.calibration)
+    if calib:
+        calib["summary"] = (f"{part}: {p.name}'s efficiencies and launch costs with this part's cube/vector "
+                            f"peaks; " + str(calib.get("summary", "")))
+    return dataclasses.replace(p, name=part, fp16_tflops=fp16, int8_tops=p.int8_tops * s_cube,
+                               fp32_tflops=p.fp32_tflops * s_cube,
+                               vector_fp16_tflops=p.vector_fp16_tflops * s_vec, sources=sources,
+                               calibration=calib)
+
+
+def part_family(name: str) -> str:
+    """The profile a part's calibration belongs to (``Ascend910B4`` -> ``Ascend910B``), else ``name``."""
+    fact = SOC_PARTS.get(name)
+    return fact["family"] if fact else name
+
+
+for _part in ("Ascend910B2", "Ascend910B3", "Ascend910B4"):
+    SOC_PROFILES[_part] = part_profile(SOC_PROFILES["Ascend910B"], _part)
+
 SOC_PROFILES["Ascend310P3"] = dataclasses.replace(
     SOC_PROFILES["Ascend310P3"], calibration={"calibrated": False,
                                               "summary": "datasheet peaks and assumed efficiencies; no 310P3 capture"})
@@ -492,7 +571,8 @@ def accuracy_note(soc: "str | SocProfile | os.PathLike | None") -> str:
     err = p.calibration.get("median_op_error_pct")
     caps = p.calibration.get("captures") or []
     td = (p.calibration.get("per_type") or {}).get("TransData")
-    where = f"{len(caps)} real {p.name} captures" if len(caps) > 1 else f"real {p.name} captures"
+    fam = part_family(p.name)
+    where = f"{len(caps)} real {fam} captures" if len(caps) > 1 else f"real {fam} captures"
     extra = f", TransData {td:.0f} %" if isinstance(td, (int, float)) else ""
     return (f"cost model: median op error {err:.0f} %{extra} on {where}" if isinstance(err, (int, float))
             else f"cost model calibrated on {where}")
@@ -501,8 +581,8 @@ def accuracy_note(soc: "str | SocProfile | os.PathLike | None") -> str:
 def get_soc_profile(soc: "str | SocProfile | os.PathLike") -> SocProfile:
     """Resolve a SoC name, a :class:`SocProfile` or a JSON file path to a profile.
 
-    >>> get_soc_profile("Ascend910B3").name
-    'Ascend910B'
+    >>> get_soc_profile("Ascend910B1").name, get_soc_profile("Ascend910B4").name
+    ('Ascend910B', 'Ascend910B4')
     """
     if isinstance(soc, SocProfile):
         return soc

@@ -41,7 +41,7 @@ import html
 import math
 import statistics
 from collections import defaultdict
-from typing import Any, ClassVar, Iterable, Sequence
+from typing import Any, ClassVar, Iterable, Mapping, Sequence
 
 from npu_deploy._result import Result
 from npu_deploy.converters.lowering import cost as C
@@ -362,6 +362,63 @@ def predict(f: Features, p: C.SocProfile) -> float:
 
 
 # ---------------------------------------------------------------------------------------------
+# which 910B part a capture ran on
+
+#: msprof engines whose block dim counts cube cores, and those counting vector cores
+CUBE_ENGINES = ("AI_CORE", "MIX_AIC")
+VECTOR_ENGINES = ("AI_VECTOR_CORE", "MIX_AIV")
+#: a block dim above the largest 910B vector core count (48) is a kernel launched in waves (the captures
+#: have 256 and 1639): it says nothing about the cores, and is left out of the inference
+_MAX_PART_BLOCKS = 48
+
+
+@dataclasses.dataclass(frozen=True)
+class PartChoice:
+    """The SoC profile a capture is priced with, and why (named in the capture, inferred, given)."""
+
+    soc: str
+    why: str
+    inferred: bool = False
+
+
+def capture_part(ops: Iterable[Any], recorded: str | None = None) -> PartChoice:
+    """The 910B part ``ops`` (one capture's measured ops) ran on.
+
+    A specific SoC named by the capture (``recorded``, else the ops' ``soc``: profiler_info*.json,
+    NPU_INFO, info.json) is used as named. When it names only the family ``Ascend910B`` or nothing, the
+    core count is inferred from the largest block dims per engine (kernels tile over every core they
+    may use; block dims beyond 48 are launches in waves and are ignored): a cube-engine block dim above
+    20 or a vector one above 40 -> a 24-core part (priced as Ascend910B2, 24/48 cores); at most 20/40
+    and reaching 20 or 40 -> a 20-core part (B3/B4, priced as Ascend910B4); else the family profile.
+    """
+    ops = list(ops)
+    if recorded is None:
+        recorded = next((o.soc for o in ops if getattr(o, "soc", None)), None)
+    if recorded and recorded != "Ascend910B":
+        return PartChoice(recorded, f"{recorded} named in the capture")
+    said = "the capture names only Ascend910B" if recorded else "the capture names no SoC"
+    cube = vec = 0
+    for o in ops:
+        bd = getattr(o, "block_dim", None)
+        if not isinstance(bd, int) or not 0 < bd <= _MAX_PART_BLOCKS:
+            continue
+        if o.engine in CUBE_ENGINES:
+            cube = max(cube, bd)
+        elif o.engine in VECTOR_ENGINES:
+            vec = max(vec, bd)
+    big, small = C.SOC_PARTS["Ascend910B2"], C.SOC_PARTS["Ascend910B4"]
+    if cube > small["cube_cores"] or vec > small["vector_cores"]:
+        return PartChoice("Ascend910B2", f"24-core 910B part (priced as Ascend910B2, {big['cube_cores']}/"
+                          f"{big['vector_cores']} cores) inferred from block dims up to {cube}/{vec} "
+                          f"(cube/vector engines; above 20/40); {said}", True)
+    if cube == small["cube_cores"] or vec == small["vector_cores"]:
+        return PartChoice("Ascend910B4", f"20-core 910B part (B3/B4, priced as Ascend910B4) inferred from "
+                          f"block dims <= 20/40 (largest {cube}/{vec}); {said}", True)
+    return PartChoice("Ascend910B", f"{said}, and its block dims ({cube}/{vec}) do not tell the part: "
+                      f"the Ascend910B family profile")
+
+
+# ---------------------------------------------------------------------------------------------
 # cost check
 
 @dataclasses.dataclass
@@ -425,6 +482,8 @@ class CostCheckReport(Result):
     skipped: dict
     max_error_pct: float | None = None
     median_abs_err_pct: float | None = None
+    #: which profile priced which capture and why ("Ascend910B4: 20-core 910B part ... inferred ...")
+    soc_note: str = ""
 
     def __bool__(self) -> bool:
         return self.max_error_pct is None or (self.median_abs_err_pct or 0.0) <= self.max_error_pct
@@ -452,13 +511,19 @@ def class_of(op) -> str | None:
 
 
 def check(ops: Iterable[Any], soc: "str | C.SocProfile", *, max_error_pct: float | None = None,
-          skipped: dict | None = None, captures: Sequence[str] = ()) -> CostCheckReport:
-    """Predict every measured op under ``soc`` and compare (see the module docstring for the pricing)."""
+          skipped: dict | None = None, captures: Sequence[str] = (),
+          soc_of: "Mapping[str, str | C.SocProfile] | None" = None, soc_note: str = "") -> CostCheckReport:
+    """Predict every measured op under ``soc`` and compare (see the module docstring for the pricing).
+
+    ``soc_of`` maps a capture label (the ops' ``capture``) to the profile its ops are priced with (each
+    capture on the part it ran on); ops of other captures use ``soc``.
+    """
     p = C.get_soc_profile(soc)
+    by_cap = {k: C.get_soc_profile(v) for k, v in (soc_of or {}).items()}
     rows: list[CheckedOp] = []
     for op in ops:
         f = features(op)
-        pred = predict(f, p) if f is not None else None
+        pred = predict(f, by_cap.get(getattr(op, "capture", ""), p)) if f is not None else None
         rows.append(CheckedOp(op.name, op.type, op.engine, f.cls if f else None, float(op.duration_us), pred,
                               getattr(op, "capture", "")))
     if not rows:
@@ -487,8 +552,9 @@ def check(ops: Iterable[Any], soc: "str | C.SocProfile", *, max_error_pct: float
     for r in unpriced:
         np_types[r.type] += 1
     errs = [abs(r.error_pct) for r in priced if r.error_pct is not None]
+    names = list(dict.fromkeys([p.name] if not by_cap else [q.name for q in by_cap.values()]))
     return CostCheckReport(
-        soc=p.name, calibrated=p.calibrated, captures=list(captures), ops=rows, types=types,
+        soc=" + ".join(names), soc_note=soc_note, calibrated=p.calibrated, captures=list(captures), ops=rows, types=types,
         total={"measured_us": measured, "measured_priced_us": m_priced, "predicted_us": pred,
                "error_pct": 100.0 * (pred - m_priced) / m_priced if m_priced > 0 else 0.0},
         formattrans={"measured_pct": 100.0 * td_m / m_priced if m_priced else 0.0,
@@ -506,7 +572,8 @@ def _f(v, fmt="{:.1f}") -> str:
 
 def render_text(r: CostCheckReport, top: int = 25) -> str:
     lines = [f"cost check: {', '.join(r.captures) or 'capture'} against the {r.soc} profile "
-             f"({C.accuracy_note(r.soc)})", ""]
+             f"({C.accuracy_note(r.soc.split(' + ')[0])})"]
+    lines += [f"SoC: {n}" for n in r.soc_note.splitlines()] + [""]
     head = f"{'op type':<26}{'count':>6}{'measured µs':>13}{'predicted µs':>14}{'median |err|':>14}{'p90':>8}  worst"
     lines += [head, "-" * len(head)]
     for t in r.types[:top]:
@@ -590,7 +657,8 @@ def render_html(r: CostCheckReport) -> str:
 td,th{{border:1px solid #ccc;padding:3px 8px;text-align:right}}td:first-child,td:last-child{{text-align:left}}</style>
 </head><body>
 <h1>Cost model against measured device time — {e(r.soc)}</h1>
-<p>{e(', '.join(r.captures))}. {e(C.accuracy_note(r.soc))}.</p>
+<p>{e(', '.join(r.captures))}. {e(C.accuracy_note(r.soc.split(' + ')[0]))}.</p>
+{''.join(f'<p>SoC: {e(n)}</p>' for n in r.soc_note.splitlines())}
 <p>Priced ops: measured {tot['measured_priced_us']:.1f} µs, predicted {tot['predicted_us']:.1f} µs
 ({tot['error_pct']:+.1f} %). FormatTrans share: measured {ft['measured_pct']:.1f} %, predicted
 {ft['predicted_pct']:.1f} %. Not priced: {r.not_priced['count']} ops, {r.not_priced['share_pct']:.1f} % of
@@ -641,6 +709,8 @@ class FitResult(Result):
     in_sample: dict
     leave_one_out: dict
     captures: list[str]
+    #: per capture: the part it was priced as and why ({label: {"soc", "why"}})
+    parts: dict = dataclasses.field(default_factory=dict)
 
     def verdict(self) -> str:
         loo = self.leave_one_out.get("median_abs_err_pct")
@@ -744,7 +814,20 @@ def _clip(v, lo, hi):
     return min(max(v, lo * 1.0001), hi * 0.9999)
 
 
-def _fit_profile(feats, meas, base, specs, name=None, weights=None) -> C.SocProfile:
+def _part_ref(base: C.SocProfile) -> str | None:
+    """The part whose core counts ``base``'s peaks stand for (None: not a 910B-class profile, no scaling)."""
+    return base.name if base.name in C.SOC_PARTS else None
+
+
+def _priced(feats, parts, p: C.SocProfile, ref: str | None) -> list[float]:
+    """Each op priced under ``p`` as its own capture's part (``parts``, one per op) would price it."""
+    if ref is None or parts is None:
+        return [predict(f, p) for f in feats]
+    prof = {q: C.part_profile(p, q, ref=ref) for q in dict.fromkeys(parts)}
+    return [predict(f, prof[q]) for f, q in zip(feats, parts)]
+
+
+def _fit_profile(feats, meas, base, specs, name=None, weights=None, parts=None) -> C.SocProfile:
     import numpy as np
 
     try:
@@ -759,13 +842,17 @@ def _fit_profile(feats, meas, base, specs, name=None, weights=None) -> C.SocProf
     logm = np.log(np.maximum(meas, 1e-3))
     w = np.ones(len(feats)) if weights is None else np.asarray(weights, dtype=float)
     # the ops repeat (a few hundred distinct op/shape keys among thousands of rows): price each once
-    uniq = list(dict.fromkeys(feats))
-    pos = {f: k for k, f in enumerate(uniq)}
-    idx = np.array([pos[f] for f in feats], dtype=np.intp)
+    # (per part: one shared set of parameters, each capture priced with its own part's peaks)
+    ref = _part_ref(base)
+    qs = list(parts) if parts is not None else [None] * len(feats)
+    uniq = list(dict.fromkeys(zip(feats, qs)))
+    pos = {fq: k for k, fq in enumerate(uniq)}
+    idx = np.array([pos[fq] for fq in zip(feats, qs)], dtype=np.intp)
+    u_feats, u_parts = [f for f, _ in uniq], [q for _, q in uniq]
 
     def resid(theta):
         p = _apply(base, specs, np.exp(theta))
-        logp = np.log(np.maximum([predict(f, p) for f in uniq], 1e-3))
+        logp = np.log(np.maximum(_priced(u_feats, u_parts if parts is not None else None, p, ref), 1e-3))
         return w * (logp[idx] - logm)
 
     # the roofline's max() gives the loss several local minima: start from the base profile and from a
@@ -780,21 +867,27 @@ def _fit_profile(feats, meas, base, specs, name=None, weights=None) -> C.SocProf
     return _apply(base, specs, np.exp(best.x), name)
 
 
-def _summary(feats, meas, p) -> dict:
-    return _summary_from_pred(feats, meas, [predict(f, p) for f in feats])
+def _summary(feats, meas, p, parts=None, ref=None) -> dict:
+    return _summary_from_pred(feats, meas, _priced(feats, parts, p, ref))
 
 
 def fit(captures: Sequence[tuple[str, Sequence[Any]]], base: "str | C.SocProfile" = "Ascend910B", *,
-        name: str | None = None) -> tuple[C.SocProfile, FitResult]:
+        name: str | None = None, parts: "Mapping[str, str] | None" = None) -> tuple[C.SocProfile, FitResult]:
     """Fit ``base``'s parameters to the measured ops of ``captures`` (``[(label, ops), ...]``).
 
-    Returns the fitted profile (name ``name`` or ``<base>-fitted``) and the fit's report, with the
-    in-sample error and, with two or more captures, the leave-one-capture-out error.
+    Each capture is priced on the part it ran on (``parts[label]``, else :func:`capture_part`): its
+    cube/vector peaks from the part's core counts (:func:`cost.part_profile`), every fitted parameter
+    shared by all captures (a base that is no 910B-class profile prices every capture with its own peaks).
+    Returns the fitted profile (name ``name`` or ``<base>-fitted``, at ``base``'s peaks) and the fit's
+    report, with the in-sample error and, with two or more captures, the leave-one-capture-out error.
     """
     b = C.get_soc_profile(base)
+    ref = _part_ref(b)
     per_cap = []
     types_of: dict[str, list[str]] = {}
+    chosen: dict[str, dict] = {}
     for label, ops in captures:
+        ops = list(ops)
         fs, ms, ts = [], [], []
         for op in ops:
             f = features(op)
@@ -802,18 +895,21 @@ def fit(captures: Sequence[tuple[str, Sequence[Any]]], base: "str | C.SocProfile
                 fs.append(f)
                 ms.append(float(op.duration_us))
                 ts.append(op.type)
-        per_cap.append((label, fs, ms))
+        pc = PartChoice(parts[label], "given") if parts and label in parts else capture_part(ops)
+        chosen[label] = {"soc": pc.soc, "why": pc.why}
+        per_cap.append((label, fs, ms, [pc.soc] * len(fs)))
         types_of[label] = ts
-    feats = [f for _, fs, _ in per_cap for f in fs]
-    meas = [m for _, _, ms in per_cap for m in ms]
+    feats = [f for _, fs, _, _ in per_cap for f in fs]
+    meas = [m for _, _, ms, _ in per_cap for m in ms]
+    qs = [q for *_, q4 in per_cap for q in q4]
     if len(feats) < 4:
         raise InputError(f"cost fit: only {len(feats)} priced ops with shapes in the capture(s)",
                          hint="give Level1+ captures with device compute ops (TransData, Conv2D, MatMul ...)")
     specs = _param_specs(feats, b)
     keys = {(f.cls, f.pair, f.dtype, round(f.flops), round(f.nbytes)) for f in feats}
     weights = _weights(per_cap)
-    fitted = _fit_profile(feats, meas, b, specs, name or f"{b.name}-fitted", weights)
-    ins = _summary(feats, meas, fitted)
+    fitted = _fit_profile(feats, meas, b, specs, name or f"{b.name}-fitted", weights, parts=qs)
+    ins = _summary(feats, meas, fitted, qs, ref)
     loo: dict = {}
     if len(per_cap) >= 2:
         lf: list[Features] = []
@@ -821,16 +917,18 @@ def fit(captures: Sequence[tuple[str, Sequence[Any]]], base: "str | C.SocProfile
         lp: list[float] = []
         lt: list[str] = []
         per: dict = {}
-        for k, (label, fs, ms) in enumerate(per_cap):
+        for k, (label, fs, ms, q4) in enumerate(per_cap):
             if not fs:
                 continue
-            tr_f = [f for j, (_, f2, _) in enumerate(per_cap) if j != k for f in f2]
-            tr_m = [m for j, (_, _, m2) in enumerate(per_cap) if j != k for m in m2]
+            tr_f = [f for j, (_, f2, _, _) in enumerate(per_cap) if j != k for f in f2]
+            tr_m = [m for j, (_, _, m2, _) in enumerate(per_cap) if j != k for m in m2]
+            tr_q = [q for j, (*_, q2) in enumerate(per_cap) if j != k for q in q2]
             if len(tr_f) < 4:
                 continue
             sp = _param_specs(tr_f, b)
-            pk = _fit_profile(tr_f, tr_m, b, sp, weights=_weights([c for j, c in enumerate(per_cap) if j != k]))
-            preds = [predict(f, pk) for f in fs]
+            pk = _fit_profile(tr_f, tr_m, b, sp, weights=_weights([c for j, c in enumerate(per_cap) if j != k]),
+                              parts=tr_q)
+            preds = _priced(fs, q4, pk, ref)
             per[label] = _summary_from_pred(fs, ms, preds)
             per[label]["per_type"] = _per_type(types_of[label], ms, preds)
             lf += fs
@@ -846,6 +944,7 @@ def fit(captures: Sequence[tuple[str, Sequence[Any]]], base: "str | C.SocProfile
         sources[f"{table}.{key}" if key else table] = (f"fitted (robust least squares on log time) on "
                                                         f"{len(per_cap)} capture(s)")
     calib = {"calibrated": True, "captures": [c[0] for c in per_cap],
+             "parts": {k: v["soc"] for k, v in chosen.items()},
              "median_op_error_pct": round(loo.get("median_abs_err_pct") or ins["median_abs_err_pct"], 1),
              "summary": (f"fitted on {len(feats)} ops of {len(per_cap)} capture(s); in-sample median op error "
                          f"{ins['median_abs_err_pct']:.1f} %"
@@ -853,9 +952,15 @@ def fit(captures: Sequence[tuple[str, Sequence[Any]]], base: "str | C.SocProfile
     fitted = dataclasses.replace(fitted, sources=sources, calibration=calib)
     params = {(f"{t}.{k}" if k else t): v for (t, k, *_), v in
               zip(specs, [(_get(fitted, t, k)) for t, k, *_ in specs])}
+    only = set(qs)
+    if ref is not None and len(only) == 1 and next(iter(only)) != ref:
+        # every capture ran on one other part: the profile is written at that part's peaks, so that
+        # `--soc` with it prices that part's captures as the fit did (the parameters above stay base-level)
+        part = next(iter(only))
+        fitted = dataclasses.replace(C.part_profile(fitted, part, ref=ref), name=name or f"{part}-fitted")
     return fitted, FitResult(profile=profile_dict(fitted, b.name), parameters=params, n_ops=len(feats),
                              n_keys=len(keys), in_sample=ins, leave_one_out=loo,
-                             captures=[c[0] for c in per_cap])
+                             captures=[c[0] for c in per_cap], parts=chosen)
 
 
 def _per_type(types, meas, preds) -> dict:
@@ -874,7 +979,7 @@ def _per_type(types, meas, preds) -> dict:
 def _weights(per_cap) -> list[float]:
     """Each capture weighs about the same whatever its op count (a 2,000-op LLM step would otherwise
     set every vector parameter): weight 1/sqrt(ops in the capture), scaled to mean 1."""
-    w = [1.0 / math.sqrt(len(fs)) for _, fs, _ in per_cap for _ in fs]
+    w = [1.0 / math.sqrt(len(c[1])) for c in per_cap for _ in c[1]]
     mean = sum(w) / len(w) if w else 1.0
     return [x / mean for x in w]
 
