@@ -52,6 +52,7 @@ def test_fit_then_check_with_the_fitted_profile(run_cli, tmp_path):
     code, out, err = run_cli("cost", "fit", CNN, CNN2, "-o", prof, "--name", "my910B")
     assert code == 0, err
     assert "leave one capture out" in out
+    assert "cnn_level2_rank0_ascend_pt priced as Ascend910B2: 24-core 910B part" in out   # block dims 24/48
     d = json.loads(prof.read_text())
     assert d["name"] == "my910B" and d["calibration"]["calibrated"] is True
     code, out, err = run_cli("cost", "check", SHARED_DATA / "timings_910B" / "cnn_level2_rank1_ascend_pt",

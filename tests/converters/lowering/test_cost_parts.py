@@ -97,10 +97,12 @@ def test_a_part_named_in_profiler_info_wins_and_soc_wins_over_both(tmp_path, run
     (c,) = read_measured_ops(cap)
     choice = costcheck.capture_part(c.ops, c.soc)
     assert choice.soc == "Ascend910B4" and not choice.inferred and "named in the capture" in choice.why
-    j = tmp_path / "c.json"
-    code, out, err = run_cli("cost", "check", cap, "--json", j)
+    j, h = tmp_path / "c.json", tmp_path / "c.html"
+    code, out, err = run_cli("cost", "check", cap, "--json", j, "--html", h)
     assert code == 0, err
-    assert json.loads(j.read_text())["soc"] == "Ascend910B4" and "named in the capture" in out
+    named = "SoC: Ascend910B4 — Ascend910B4 named in the capture"
+    assert json.loads(j.read_text())["soc"] == "Ascend910B4" and named in out
+    assert "<p>SoC: Ascend910B4 — Ascend910B4 named in the capture" in h.read_text()
     j2 = tmp_path / "c2.json"
     code, out, err = run_cli("cost", "check", cap, "--soc", "Ascend910B3", "--json", j2)
     assert code == 0, err
