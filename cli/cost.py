@@ -27,6 +27,7 @@ def command():
       npu-deploy cost check rank1_ascend_pt --html cost.html
       npu-deploy cost check PROF_000001_... --soc mysoc.json --max-error 25
       npu-deploy cost fit run1_ascend_pt run2_ascend_pt -o mysoc.json --base Ascend910B
+      npu-deploy cost fit run_ascend_pt -o my910b4.json --part Ascend910B4
     """
 
 
@@ -110,10 +111,13 @@ def check_cmd(ctx, captures, soc, json_path, html_path, max_error, top):
 @click.option("--base", default="Ascend910B", show_default=True, metavar="SOC|profile.json",
               help="Profile whose peaks are kept and whose parameters start the fit.")
 @click.option("--name", default=None, help="Name of the fitted profile (default: <base>-fitted).")
+@click.option("--part", default=None, metavar="SOC",
+              help="The 910B part every capture ran on (e.g. Ascend910B4); default: the part each capture "
+                   "names, else the one its block dims show.")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None,
               help="Also write the fit report (parameters, in-sample and leave-one-capture-out error).")
 @click.pass_context
-def fit_cmd(ctx, captures, output, base, name, json_path):
+def fit_cmd(ctx, captures, output, base, name, part, json_path):
     """Fit launch overheads, TransData bandwidths, cube/vector efficiencies and AI CPU costs to CAPTURE(S)."""
     from npu_deploy._io import atomic_write
     from npu_deploy.converters.lowering import cost as costmod
@@ -122,7 +126,10 @@ def fit_cmd(ctx, captures, output, base, name, json_path):
     refuse_overwriting([("-o", output), ("--json", json_path)], [("capture", c) for c in captures])
     caps = _read(captures, "cost fit")
     base_profile = costmod.get_soc_profile(base)
-    prof, res = costcheck.fit([(c.label, c.ops) for c in caps], base_profile, name=name)
+    if part is not None:
+        costmod.get_soc_profile(part)  # an unknown name is refused here, before the fit
+    prof, res = costcheck.fit([(c.label, c.ops) for c in caps], base_profile, name=name,
+                              parts={c.label: part for c in caps} if part else None)
     d = costcheck.profile_dict(prof, base_profile.name if base_profile.name in costmod.SOC_PROFILES
                                else "Ascend910B")
     text = json.dumps(d, indent=1, sort_keys=True, allow_nan=False)

@@ -571,7 +571,8 @@ def _f(v, fmt="{:.1f}") -> str:
 
 
 def render_text(r: CostCheckReport, top: int = 25) -> str:
-    lines = [f"cost check: {', '.join(r.captures) or 'capture'} against the {r.soc} profile "
+    lines = [f"cost check: {', '.join(r.captures) or 'capture'} against the {r.soc} "
+             f"profile{'s' if ' + ' in r.soc else ''} "
              f"({C.accuracy_note(r.soc.split(' + ')[0])})"]
     lines += [f"SoC: {n}" for n in r.soc_note.splitlines()] + [""]
     head = f"{'op type':<26}{'count':>6}{'measured µs':>13}{'predicted µs':>14}{'median |err|':>14}{'p90':>8}  worst"
@@ -895,7 +896,7 @@ def fit(captures: Sequence[tuple[str, Sequence[Any]]], base: "str | C.SocProfile
                 fs.append(f)
                 ms.append(float(op.duration_us))
                 ts.append(op.type)
-        pc = PartChoice(parts[label], "given") if parts and label in parts else capture_part(ops)
+        pc = PartChoice(parts[label], "given with --part") if parts and label in parts else capture_part(ops)
         chosen[label] = {"soc": pc.soc, "why": pc.why}
         per_cap.append((label, fs, ms, [pc.soc] * len(fs)))
         types_of[label] = ts

@@ -61,6 +61,12 @@ def test_fit_then_check_with_the_fitted_profile(run_cli, tmp_path):
     assert "my910B" in out
 
 
+def test_fit_part_must_be_a_known_soc(run_cli, tmp_path):
+    code, _, err = run_cli("cost", "fit", CNN, CNN2, "-o", tmp_path / "p.json", "--part", "Ascend999")
+    assert code == 2 and "no cost profile for SoC 'Ascend999'" in err and "Traceback" not in err
+    assert not (tmp_path / "p.json").exists()
+
+
 def test_bad_profile_names_the_field(run_cli, tmp_path):
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps({"name": "x", "base": "Ascend910B", "bw_efficiency": 7}))

@@ -125,7 +125,7 @@ def test_fit_prices_each_capture_on_its_part_with_one_set_of_parameters():
     _, same = costcheck.fit(caps, "Ascend910B", name="t")
     _, mixed = costcheck.fit(caps, "Ascend910B", name="t", parts={caps[1][0]: "Ascend910B4"})
     assert {k: v["soc"] for k, v in same.parts.items()} == {caps[0][0]: "Ascend910B2", caps[1][0]: "Ascend910B2"}
-    assert mixed.parts[caps[1][0]] == {"soc": "Ascend910B4", "why": "given"}
+    assert mixed.parts[caps[1][0]] == {"soc": "Ascend910B4", "why": "given with --part"}
     assert set(mixed.parameters) == set(same.parameters)   # the parameter count does not grow per part
     # every capture on one part: the written profile carries that part's peaks
     prof, _ = costcheck.fit(caps, "Ascend910B", parts={caps[0][0]: "Ascend910B4", caps[1][0]: "Ascend910B4"})
