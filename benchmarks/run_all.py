@@ -9,8 +9,19 @@ timings) with this interpreter; its output streams through. Before and after, th
 :mod:`_host` (CPU model, cores, caches, load averages, the "quiet?" verdict) is printed, so the
 figures above it carry the conditions they were measured under. A benchmark checks its own figures
 against its targets and the values its README documents (within their noise) and exits 1 when one
-is off; this script then exits 1 too and names it. Only benchmarks with a quick mode take part in
-``--quick`` (for now ``bench_formats.py``); the others are listed as skipped.
+is off, naming the row; this script then exits 1 too and names the benchmark. ``--quick`` runs:
+
+* ``bench_formats.py --quick``: pack/unpack at 4 KiB and 16 MiB (README-formats.md);
+* ``bench_convert.py --quick``: convert peak RSS and CPU vs ``onnx.load`` + ``onnx.save`` on the 912 MiB
+  external-data model, 3 interleaved rounds, and planning 2,000 nodes (README-convert.md);
+* ``bench_profile.py --quick``: the wide 1,000,000-row kernel_details.csv vs pandas, 5 interleaved
+  rounds, and the two real-mix timelines at 0.25 GiB (the full figure: 2 GiB) (README-profile.md);
+* ``bench_distributed.py --quick``: the ``NpuPool`` call-to-return figure, 3,000 PP-OCR cls arrays
+  (a wall-clock ratio: checked only on a quiet host) (README-distributed.md).
+
+The full runs (without ``--quick``) measure the same at the documented sizes, plus the rest of each
+script; ``--write`` lets each rewrite its README (the three above only from a full run). The other
+``bench_*.py`` scripts have no self-check yet and are listed as not part of it.
 """
 
 from __future__ import annotations
@@ -29,6 +40,10 @@ import _host  # noqa: E402
 # name -> (quick arguments or None when it has no quick mode, full arguments, arguments to write its README)
 BENCHMARKS: dict[str, tuple[list[str] | None, list[str], list[str]]] = {
     "bench_formats.py": (["--quick", "--reps", "5"], ["--reps", "5"], ["--write"]),
+    "bench_convert.py": (["--quick"], [], ["--write"]),
+    "bench_profile.py": (["--quick"], ["--op-summary", "--wide", "--repeat", "5", "--timeline", "2",
+                                       "--baseline-gib", "0.1"], ["--write"]),
+    "bench_distributed.py": (["--quick"], [], ["--write"]),
 }
 
 
