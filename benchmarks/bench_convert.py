@@ -395,7 +395,13 @@ def write_markdown(path: Path | None, big: dict | None, pl: dict, real: list[dic
     lines = ["## convert (built-in backend)", "",
              f"Measured {time.strftime('%Y-%m-%d')} on {platform.machine()}, {os.cpu_count()} cores, "
              f"Python {platform.python_version()}, by `python benchmarks/bench_convert.py`. "
-             "Each figure comes from a fresh subprocess; the baseline and the conversions ran in the same run.", ""]
+             "Each figure comes from a fresh subprocess; the baseline and the conversions ran in the same run.", "",
+             "Self-check: `python benchmarks/bench_convert.py --quick` (also part of `python benchmarks/run_all.py "
+             "--quick`, about 1.5 minutes on 2 cores) re-measures the 912 MiB external-data case (3 interleaved "
+             "rounds) and the planning, and exits 1 naming the row when a target below is missed or a figure "
+             "here is off by more than its noise (peak RSS ±10 %; CPU ratios: both runs' noise, at least 15 % "
+             "of the figure on a quiet host, 30 % on a loaded one); the inline case and the real models are "
+             "in the full run only, which rewrites this file with `--write`.", ""]
     if big is not None:
         n = big["external"]["rounds"]
         lines += [f"Host: {big['host']}. Read the CPU-time columns (wall times follow the host's other work); "
