@@ -255,3 +255,15 @@ def test_registered_arguments_are_the_scripts_own(run_all, script):
     for arg in [*quick, *full, *write, "--no-check"]:
         if arg.startswith("--"):
             assert arg in r.stdout, (script, arg)
+
+
+def test_profile_child_rss_is_its_own_not_the_parents(prof, tmp_path):
+    """A measured child reports its own peak (VmHWM), not ``ru_maxrss``, which survives exec and would
+    lend it the parent's RSS at fork time (the --quick run's parent holds pandas: ~145 MB)."""
+    np = pytest.importorskip("numpy")
+    path = tmp_path / "trace_view.json"
+    path.write_text("[" + ",".join('{"ph": "X", "ts": 1, "dur": 1}' for _ in range(1000)) + "]")
+    ballast = np.ones(40_000_000)          # 320 MB held (and touched) by this process when it forks
+    _dt, _cpu, rss_mb, info = prof._measure("json.load", path)
+    assert ballast[-1] == 1.0 and info == "1000 events"
+    assert rss_mb < 150, rss_mb
