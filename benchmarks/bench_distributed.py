@@ -32,7 +32,10 @@ documents (its generated ``pool`` section, else the hand-written row) within bot
 and at least ``POOL_FLOOR``. Both are **wall-clock** figures (the speed-up of two processes), so they are
 checked only when the host is quiet at the start (``_host.is_quiet``) and, for the documented one, was
 quiet when it was measured; on a loaded host the figures are reported with the reason they are not
-checked, and the run does not fail on them. ``--write`` replaces the README's generated ``pool`` section.
+checked, and the run does not fail on them. The other parts' targets are checked too when they run
+(throughput >= 1.7x and the cluster's < 2x only on a quiet host; Ray overhead < 1 ms; driver RSS growing
+less than 10 % over the stream; < 300 MB per cluster worker). ``--write`` replaces the README's generated ``pool`` section
+(on a quiet host only: the figure it documents is a quiet host's).
 """
 
 from __future__ import annotations
@@ -136,7 +139,7 @@ def _cycle(pool: list, n: int):
     return itertools.islice(itertools.cycle(pool), n)
 
 
-def bench_throughput(tmp: Path, samples: int, long: int) -> None:
+def bench_throughput(tmp: Path, samples: int, long: int) -> dict:
     import npu_deploy
     from npu_deploy.runtime.distributed import run_batch
 
@@ -178,10 +181,12 @@ def bench_throughput(tmp: Path, samples: int, long: int) -> None:
         a, b = (statistics.median(col) for col in zip(*long_rows))
         print(f"throughput PP-OCR cls, a stream of {long} samples: 1 session {a:.1f}/s; 2 actors {b:.1f}/s = "
               f"{b / a:.2f}x; runs {[tuple(round(v) for v in row) for row in long_rows]}")
+    arrays = _host.ratio_noise([r[1] / r[0] for r in rows])
     a, b = (statistics.median(col) for col in zip(*folder_rows))
     print(f"throughput PP-OCR cls, folder of {samples} .npy to an output folder (run --input-dir --output): 1 "
           f"session reading, running, writing {a:.1f}/s; run_batch on 2 actors {b:.1f}/s = {b / a:.2f}x; runs "
           f"{[tuple(round(v) for v in row) for row in folder_rows]}")
+    return {"arrays": arrays, "folder": _host.ratio_noise([r[1] / r[0] for r in folder_rows])}
 
 
 def _cpu_load() -> str:
@@ -260,7 +265,7 @@ def _half(args) -> float:
     return _in_process(Path(bundle), xs, threads=1)
 
 
-def bench_overhead(tmp: Path, samples: int) -> None:
+def bench_overhead(tmp: Path, samples: int) -> dict:
     from npu_deploy.runtime.distributed import run_batch
 
     bundle = _tiny_bundle(tmp)
@@ -275,9 +280,10 @@ def bench_overhead(tmp: Path, samples: int) -> None:
     print(f"overhead tiny model, {samples} samples: in-process {local * 1e3:.3f} ms/sample; run_batch 1 actor "
           f"{one * 1e3:.3f} ms/sample (Ray overhead {(one - local) * 1e3:.3f} ms, target < 1 ms); 2 actors "
           f"{two * 1e3:.3f} ms/sample")
+    return {"overhead_ms": (one - local) * 1e3}
 
 
-def bench_memory(tmp: Path, n: int) -> None:
+def bench_memory(tmp: Path, n: int) -> dict:
     from npu_deploy.runtime.distributed import run_batch
 
     bundle = _tiny_bundle(tmp)
@@ -301,6 +307,8 @@ def bench_memory(tmp: Path, n: int) -> None:
     print(f"memory {n:,} samples on 2 actors in {r.wall_s:.1f} s ({r.throughput_per_s:.0f}/s), {len(r.failures)} "
           f"failed: driver RSS MB before {before:.0f}, by samples done {{{shown}}}, after {after:.0f}; "
           f"in flight at most {r.max_in_flight}")
+    first = marks[min(marks)] if marks else before
+    return {"first_mb": first, "after_mb": after, "samples": n}
 
 
 # ------------------------------------------------------------------------------------------ cluster
@@ -337,7 +345,7 @@ def _timed(code: str) -> tuple[float, str]:
     return time.perf_counter() - t, out.strip()
 
 
-def bench_cluster(tmp: Path, ranks: int, rows: int) -> None:
+def bench_cluster(tmp: Path, ranks: int, rows: int) -> dict:
     top = tmp / "cluster"
     t = time.perf_counter()
     for r in range(ranks):
@@ -367,6 +375,7 @@ def bench_cluster(tmp: Path, ranks: int, rows: int) -> None:
           f"{singles[0][1]:.0f} MB); analyze_cluster 2 workers {c:.1f} s = {c / (s * ranks):.2f}x of {ranks} x one "
           f"rank (target < 2x); peak worker RSS {w:.0f} MB (target < 300 MB); parent RSS {clusters[0][3]:.0f} MB; "
           f"ranks analysed {clusters[0][2]}")
+    return {"ratio": c / (s * ranks), "worker_rss_mb": w, "ranks": ranks}
 
 
 def pool_markdown(fig: dict, host: str, quiet: bool) -> str:
@@ -410,8 +419,24 @@ def documented(text: str) -> dict | None:
     return None
 
 
-def check(pool: dict | None, doc: dict | None, quiet: bool | None = None) -> _host.Check:
+def check(pool: dict | None, doc: dict | None, quiet: bool | None = None, other: dict | None = None) -> _host.Check:
+    """The pool figure (target and documented), then the targets of the other parts that ran (``other``:
+    throughput >= 1.7x and the cluster's < 2x are wall-clock ratios, checked on a quiet host only)."""
     c = _host.Check(quiet)
+    o = other or {}
+    if "throughput" in o:
+        m, n = o["throughput"]["arrays"]
+        c.at_least("throughput, 3,000 arrays: 2 actors / 1 session (wall)", m, 1.7, n, wall=True)
+    if "overhead" in o:
+        c.at_most("Ray overhead per sample, ms", o["overhead"]["overhead_ms"], 1.0)
+    if "memory" in o:
+        mem = o["memory"]
+        c.at_most(f"driver RSS growth over {mem['samples']:,} samples, MB", mem["after_mb"] - mem["first_mb"],
+                  _host.RSS_NOISE * mem["first_mb"])
+    if "cluster" in o:
+        cl = o["cluster"]
+        c.at_most(f"cluster {cl['ranks']} ranks / {cl['ranks']} x one rank (wall)", cl["ratio"], 2.0, wall=True)
+        c.at_most("cluster: peak RSS per worker, MB", cl["worker_rss_mb"], 300)
     if pool is None:
         return c
     name = f"pool, {pool['samples']:,} arrays: repeated calls / session loop (wall)"
@@ -459,7 +484,7 @@ def main(argv: list[str] | None = None) -> int:
     quiet = _host.is_quiet()    # before this run's own processes add to the load
     print("host:", host, flush=True)
     doc = documented(README.read_text(encoding="utf-8")) if README.is_file() else None
-    pool = None
+    pool, other = None, {}
     with tempfile.TemporaryDirectory(prefix="bench-distributed-") as d:
         tmp = Path(d)
         if "pool" in what:  # first: its first call starts Ray itself, as a user's does
@@ -467,21 +492,25 @@ def main(argv: list[str] | None = None) -> int:
         if {"throughput", "overhead", "memory"} & set(what):
             print(f"ray start-up (not timed below): {_ray(2):.1f} s")
         if "throughput" in what:
-            bench_throughput(tmp, args.samples, args.long)
+            other["throughput"] = bench_throughput(tmp, args.samples, args.long)
         if "overhead" in what:
-            bench_overhead(tmp, args.overhead_samples)
+            other["overhead"] = bench_overhead(tmp, args.overhead_samples)
         if "memory" in what:
-            bench_memory(tmp, args.stream)
+            other["memory"] = bench_memory(tmp, args.stream)
         if "cluster" in what:
-            bench_cluster(tmp, args.ranks, args.rows)
+            other["cluster"] = bench_cluster(tmp, args.ranks, args.rows)
         print(f"load average at the end {os.getloadavg()}")
     if pool is not None:
         text = pool_markdown(pool, host, quiet)
         print(text)
-        if args.write:
+        if args.write and not quiet:
+            print(f"--write: {README.name} not written: the host was not quiet at the start, and the figure "
+                  "it documents is a wall-clock ratio on a quiet host (re-run when the load is below "
+                  f"{_host.QUIET_LOAD_PER_CORE:g} per core)")
+        elif args.write:
             _replace_section(README, text, POOL_SECTION)
             print(f"wrote the pool section of {README}")
-    return check(pool, doc, quiet).finish("bench_distributed.py", args.no_check)
+    return check(pool, doc, quiet, other).finish("bench_distributed.py", args.no_check)
 
 
 if __name__ == "__main__":

@@ -267,3 +267,17 @@ def test_profile_child_rss_is_its_own_not_the_parents(prof, tmp_path):
     _dt, _cpu, rss_mb, info = prof._measure("json.load", path)
     assert ballast[-1] == 1.0 and info == "1000 events"
     assert rss_mb < 150, rss_mb
+
+
+def test_distributed_other_targets(dist):
+    other = {"throughput": {"arrays": (1.72, 0.03)}, "overhead": {"overhead_ms": 0.011},
+             "memory": {"first_mb": 151.0, "after_mb": 154.0, "samples": 100_000},
+             "cluster": {"ratio": 0.41, "worker_rss_mb": 65.0, "ranks": 64}}
+    assert dist.check(None, None, quiet=True, other=other).bad == []
+    worse = {"throughput": {"arrays": (1.2, 0.03)}, "overhead": {"overhead_ms": 1.5},
+             "memory": {"first_mb": 151.0, "after_mb": 190.0, "samples": 100_000},
+             "cluster": {"ratio": 2.5, "worker_rss_mb": 400.0, "ranks": 64}}
+    off = dist.check(None, None, quiet=True, other=worse).bad
+    assert len(off) == 5 and any("Ray overhead" in b for b in off) and any("driver RSS growth" in b for b in off)
+    loaded = dist.check(None, None, quiet=False, other=worse).bad     # the two wall-clock ratios: reported only
+    assert len(loaded) == 3 and not any("throughput" in b or "ranks /" in b for b in loaded)
