@@ -284,3 +284,12 @@ def test_distributed_other_targets(dist):
     assert len(off) == 5 and any("Ray overhead" in b for b in off) and any("driver RSS growth" in b for b in off)
     loaded = dist.check(None, None, quiet=False, other=worse).bad     # the two wall-clock ratios: reported only
     assert len(loaded) == 3 and not any("throughput" in b or "ranks /" in b for b in loaded)
+
+
+def test_profile_floor_is_the_loaded_one_unless_both_runs_were_quiet(prof):
+    doc = {"wide": {"rows": 1_000_000, "quiet": True, "ratios": [0.85] * 5, "rss_mb": 56.0}}
+    fig = _wide(prof, [0.85 * 1.25] * 5, rss=56.0)                  # 25 % above the documented median
+    assert len(prof.check(doc, wide=fig, quiet=True).bad) == 1      # quiet both: 15 % allowed
+    assert prof.check(doc, wide=fig, quiet=False).bad == []         # this run loaded: 30 %
+    doc["wide"]["quiet"] = False
+    assert prof.check(doc, wide=fig, quiet=True).bad == []          # the documented one loaded: 30 %
