@@ -481,7 +481,8 @@ def main(argv=None) -> int:
     ap.add_argument("--no-check", action="store_true",
                     help="exit 0 even when a target or a documented figure is off")
     args = ap.parse_args(argv)
-    print("host:", _host.describe(), flush=True)
+    host = _host.describe()
+    print("host:", host, flush=True)
     quiet = _host.is_quiet()    # before this run's own children add to the load
     doc = documented(README.read_text(encoding="utf-8")) if README.is_file() else {}
     out = args.out
@@ -496,6 +497,7 @@ def main(argv=None) -> int:
     big = None if args.skip_big else bench_big(args.dim, args.conv, 0 if args.quick else args.inline_dim,
                                               args.rounds)
     if big:
+        big["host"] = f"{host} (at the start); at the end: {_host.load_line()}"
         print(json.dumps(big, indent=1))
     print(write_markdown(out, big, pl, real))
     return check(big, pl, doc, quiet).finish("bench_convert.py", args.no_check)
