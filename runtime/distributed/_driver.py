@@ -29,6 +29,8 @@ CHUNK_BYTES = 8 << 20
 MAX_CHUNK = 128
 #: chunks in flight per NPU when ``max_in_flight`` is not given: one running and three queued
 CHUNKS_IN_FLIGHT = 4
+#: how long a stopped run waits for the chunks still in flight before it ends their actors (:meth:`_Drive._drain`)
+DRAIN_TIMEOUT_S = 30.0
 #: seconds allowed for the actors to start (a Ray address gets npu_deploy._ray.CONNECT_TIMEOUT_S)
 ACTOR_START_TIMEOUT_S = 120.0
 #: restarts Ray grants one actor (each restart retries the samples it had in flight once)
@@ -610,6 +612,7 @@ class _Drive:
             self.bar.update(done, len(self.failures))
 
     def run(self) -> None:
+        stopped = True
         try:
             while True:
                 self.read_more()
@@ -622,13 +625,35 @@ class _Drive:
                 ready = _wait_one(self.ray, list(self.pending))
                 for ref in ready:
                     self.take(ref)
+            stopped = False
         finally:  # outputs the actors wrote and that were not put in place: removed (a stopped run)
+            if stopped and self.pending and self.writer is not None:
+                self._drain()
             if self.ring is not None:
                 self.ring.close()
             for _, value, _ in self.finished.values():
                 if isinstance(value, str):
                     with contextlib.suppress(OSError):
                         os.unlink(value)
+
+    def _drain(self, timeout: float = DRAIN_TIMEOUT_S) -> None:
+        """A stopped run writing into a folder: the chunks still in flight are let finish (an actor
+        returns only once its part is written, or removed on an error) and the parts they return are
+        removed, so the run leaves no file behind whatever the actors were doing when it stopped. Waits
+        in steps of 1 s (a signal still ends it) and at most ``timeout``; a chunk that takes longer is
+        left to the stale-part rule once its actor has ended."""
+        deadline = time.monotonic() + timeout
+        with contextlib.suppress(BaseException):
+            while self.pending and time.monotonic() < deadline:
+                ready, _ = self.ray.wait(list(self.pending), num_returns=len(self.pending), timeout=1.0)
+                for ref in ready:
+                    self.pending.pop(ref, None)
+                    with contextlib.suppress(Exception):
+                        _, results = self.ray.get(ref)
+                        for good, value, _ in results or ():
+                            if good and isinstance(value, str):
+                                with contextlib.suppress(OSError):
+                                    os.unlink(value)
 
     def result(self, model, address, backend, output, wall: float) -> BatchResult:
         if self.bar is not None:
