@@ -45,6 +45,13 @@ def _bn(name, x, y, c):
     return node, inits
 
 
+def _loaded(tmp_path, g, name="m"):
+    """The graph ``g`` saved as an opset-17 model and loaded as convert loads it."""
+    path = tmp_path / f"{name}.onnx"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), path)
+    return load_model(path)
+
+
 def _conv_bn_conv(tmp_path, n=32, c=64, hw=55):
     """Conv (cube, C0 8) -> BatchNormalization (BNInferenceD: NC1HWC0 only, a vector op, C0 16) -> Conv,
     at the shapes of the capture's first conv output (32x64x55x55 float32)."""
@@ -55,9 +62,7 @@ def _conv_bn_conv(tmp_path, n=32, c=64, hw=55):
     g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [n, 3, hw, hw])],
                           [helper.make_tensor_value_info("y", TensorProto.FLOAT, [n, 16, hw, hw])],
                           [_w("w1", (c, 3, 3, 3)), _w("w2", (16, c, 1, 1))] + inits)
-    path = tmp_path / "cbc.onnx"
-    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), path)
-    return load_model(path)
+    return _loaded(tmp_path, g, "cbc")
 
 
 def _storage(td):
@@ -124,9 +129,7 @@ def test_first_step_is_shared_with_plain_readers(tmp_path):
                           [helper.make_tensor_value_info("b", TensorProto.FLOAT, [1, 32, 8, 8]),
                            helper.make_tensor_value_info("c1", TensorProto.FLOAT, [1, 32, 8, 8])],
                           [_w("w1", (32, 3, 1, 1))] + inits)
-    path = tmp_path / "m.onnx"
-    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), path)
-    p = plan(load_model(path), **KEEP)
+    p = plan(_loaded(tmp_path, g), **KEEP)
     c1 = [td for td in p.transdata if td.tensor == "c1"]
     assert [(td.src_format, td.dst_format, td.c0) for td in c1] == [("NC1HWC0", "NCHW", 8), ("NCHW", "NC1HWC0", None)]
     assert sorted(c1[0].consumers) == ["<graph output>", "bn"] and c1[1].consumers == ["bn"]
@@ -142,9 +145,7 @@ def test_a_tensor_read_by_cube_and_vector_ops_gets_one_conversion_per_c0(tmp_pat
                           [helper.make_tensor_value_info("b", TensorProto.FLOAT, [1, 32, 8, 8]),
                            helper.make_tensor_value_info("c", TensorProto.FLOAT, [1, 16, 8, 8])],
                           [_w("w1", (16, 32, 1, 1))] + inits)
-    path = tmp_path / "m.onnx"
-    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), path)
-    p = plan(load_model(path), **KEEP)
+    p = plan(_loaded(tmp_path, g), **KEEP)
     x = sorted(((td.consumers[0], td.c0, td.dst_bytes) for td in p.transdata if td.tensor == "x"), key=str)
     assert x == [("bn", None, 1 * 2 * 8 * 8 * 16 * 4), ("conv", 8, 1 * 4 * 8 * 8 * 8 * 4)]
 
@@ -252,9 +253,7 @@ def _alexnet(tmp_path, n=32):
     # the classifier (Flatten + 3 Gemm, ND on 910B: no TransData in the capture either) is left out
     g = helper.make_graph(nodes, "alexnet", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [n, 3, 224, 224])],
                           [helper.make_tensor_value_info(x, TensorProto.FLOAT, [n, 256, 6, 6])], inits)
-    path = tmp_path / "alexnet.onnx"
-    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), path)
-    return load_model(path)
+    return _loaded(tmp_path, g, "alexnet")
 
 
 @pytest.mark.shared_data
