@@ -553,6 +553,16 @@ static inline void npd_small_copy(char *d, const char *s, i64 n) {
     for (; n > 0; n--) *d++ = *s++;
 }
 
+#if defined(__SSE2__)
+/* n bytes (a multiple of 16) from s to d (16-byte aligned) by streaming stores */
+static inline void npd_stream(char *d, const char *s, i64 n) {
+    if (((uintptr_t)s & 15) == 0)
+        for (i64 o = 0; o < n; o += 16) _mm_stream_si128((__m128i *)(d + o), _mm_load_si128((const __m128i *)(s + o)));
+    else
+        for (i64 o = 0; o < n; o += 16) _mm_stream_si128((__m128i *)(d + o), _mm_loadu_si128((const __m128i *)(s + o)));
+}
+#endif
+
 /* n contiguous bytes from s to d: the whole 64-byte lines by streaming stores, the partial lines at
  * either end by ordinary ones */
 static inline void npd_stream_run(char *d, const char *s, i64 n) {
@@ -562,10 +572,7 @@ static inline void npd_stream_run(char *d, const char *s, i64 n) {
     npd_small_copy(d, s, head);
     d += head; s += head; n -= head;
     i64 body = n & ~(i64)63;
-    if (((uintptr_t)s & 15) == 0)
-        for (i64 o = 0; o < body; o += 16) _mm_stream_si128((__m128i *)(d + o), _mm_load_si128((const __m128i *)(s + o)));
-    else
-        for (i64 o = 0; o < body; o += 16) _mm_stream_si128((__m128i *)(d + o), _mm_loadu_si128((const __m128i *)(s + o)));
+    npd_stream(d, s, body);
     npd_small_copy(d + body, s + body, n - body);
 #else
     memcpy(d, s, (size_t)n);
@@ -899,12 +906,7 @@ static inline void lw_put(npd_lw *w, char *d, const char *s, i64 n) {
     npd_small_copy(d, s, head);                   /* the run's first partial line */
     d += head; s += head; n -= head;
     i64 body = n & ~(i64)63;
-    if (((uintptr_t)s & 15) == 0)
-        for (i64 o = 0; o < body; o += 16)
-            _mm_stream_si128((__m128i *)(d + o), _mm_load_si128((const __m128i *)(s + o)));
-    else
-        for (i64 o = 0; o < body; o += 16)
-            _mm_stream_si128((__m128i *)(d + o), _mm_loadu_si128((const __m128i *)(s + o)));
+    npd_stream(d, s, body);
     d += body; s += body; n -= body;
     npd_small_copy((char *)w->line, s, n);        /* waits for the next piece */
     w->n = (int)n;
@@ -923,7 +925,7 @@ static inline void lw_put(npd_lw *w, char *d, const char *s, i64 n) {
  * pieces into the buffer (the next tile's pieces prefetched meanwhile), transposes them into a
  * second buffer and writes the block rows with streaming stores. Without it the run side sees one
  * A-element write per (r, b): on a 2 x 256 MiB FRACTAL_Z fp16 pack on the benchmark host 0.23 of a
- * copy, staged 0.6-0.7 (rc 4-8), unpack 0.37 -> 0.5 (rc 32, oc 2). */
+ * copy, staged 0.6-0.7 (rc 4-8), unpack 0.37 -> 0.42-0.47 (rc 32, oc 2). */
 #define NPD_STAGE 32768
 
 /* pack, one run piece of the staged walk: the run bytes [p0, p1) (p0 >= base, the run's start) are
@@ -942,13 +944,7 @@ static inline void npd_put_lines(char *base, char *p0, char *p1, int last, const
             lo += 64;
         }
         char *full = last ? (char *)((uintptr_t)p1 & ~(uintptr_t)63) : hi;
-        const char *q = st + (lo - sbase);
-        if ((((uintptr_t)q) & 15) == 0)
-            for (char *l = lo; l < full; l += 16, q += 16)
-                _mm_stream_si128((__m128i *)l, _mm_load_si128((const __m128i *)q));
-        else
-            for (char *l = lo; l < full; l += 16, q += 16)
-                _mm_stream_si128((__m128i *)l, _mm_loadu_si128((const __m128i *)q));
+        if (full > lo) npd_stream(lo, st + (lo - sbase), full - lo);
         if (last && full < p1 && full >= lo)          /* the run's last partial line */
             npd_small_copy(full, st + (full - sbase), p1 - full);
         return;

@@ -691,7 +691,7 @@ VARIANTS: tuple[tuple[bool, int, int, bool], ...] = (
     # (C harness, [4096, 3584, 3, 3] fp16 pack: 0.21 of a copy -> 0.44-0.54)
     (False, 256, 128, False), (False, 256, 255, False),
     # npd_tile3's staged walk (tiles of r through an L1 buffer, whole runs streamed out): on the
-    # same pack 0.23 -> 0.6-0.7 of a copy with 4-8 r per tile, the unpack 0.37 -> 0.5 with 32
+    # same pack 0.23 -> 0.6-0.7 of a copy with 4-8 r per tile, the unpack 0.37 -> 0.42-0.47 with 32
     (True, 256, 4, True), (True, 256, 8, True), (True, 256, 32, True))
 
 
