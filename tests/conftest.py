@@ -135,16 +135,22 @@ def real_model():
     return real_model_path
 
 
-def write_example(path: Path, batch: int | str = 1) -> Path:
-    """Write the README example model (``examples/make_example.py``) to ``path``."""
+def load_script(path: Path):
+    """A script of the repository that is not a package module (``examples/``, ``benchmarks/``),
+    imported from its file."""
     import importlib.util
 
-    import onnx
-
-    spec = importlib.util.spec_from_file_location("make_example", REPO / "examples" / "make_example.py")
+    spec = importlib.util.spec_from_file_location(path.stem, path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
-    onnx.save(mod.build(batch), path)
+    return mod
+
+
+def write_example(path: Path, batch: int | str = 1) -> Path:
+    """Write the README example model (``examples/make_example.py``) to ``path``."""
+    import onnx
+
+    onnx.save(load_script(REPO / "examples" / "make_example.py").build(batch), path)
     return path
 
 

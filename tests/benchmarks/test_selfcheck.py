@@ -5,23 +5,19 @@ are the real ones in ``benchmarks/``."""
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import TEST_TIMEOUT
+from tests.conftest import TEST_TIMEOUT, load_script
 
 BENCHES = Path(__file__).resolve().parents[2] / "benchmarks"
 
 
 def _load(name: str):
-    spec = importlib.util.spec_from_file_location(name, BENCHES / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script(BENCHES / f"{name}.py")
 
 
 @pytest.fixture(scope="module")

@@ -3,7 +3,6 @@ produce exactly what ``formats.pack``/``unpack`` produce (and both agree with th
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import shutil
 import subprocess
@@ -15,17 +14,14 @@ import numpy as np
 import pytest
 
 from npu_deploy.converters import formats as F
-from tests.conftest import TEST_TIMEOUT
+from tests.conftest import TEST_TIMEOUT, load_script
 
 BENCH = Path(__file__).resolve().parents[3] / "benchmarks" / "bench_formats.py"
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("bench_formats", BENCH)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script(BENCH)
 
 
 @pytest.mark.parametrize("fmt,shape", [

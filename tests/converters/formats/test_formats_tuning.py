@@ -6,7 +6,6 @@ formulas are integer arithmetic, so they apply to index arrays)."""
 
 from __future__ import annotations
 
-import importlib.util
 import threading
 from pathlib import Path
 
@@ -15,6 +14,7 @@ import pytest
 
 from npu_deploy.converters import formats as F
 from npu_deploy.converters.formats import _fastcopy
+from tests.conftest import load_script
 from tests.converters.formats.test_formats_oracle import ORACLES, random_array
 
 pytestmark = pytest.mark.skipif(_fastcopy._kernel_fn() is None, reason="compiled copy kernel unavailable")
@@ -160,10 +160,7 @@ def test_small_bound_calls_from_threads_do_not_mix_buffers():
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("bench_formats", BENCHES / "bench_formats.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script(BENCHES / "bench_formats.py")
 
 
 def test_bench_check_flags_documented_figure_off(bench, tmp_path):
@@ -189,9 +186,7 @@ def test_bench_check_flags_documented_figure_off(bench, tmp_path):
 
 
 def test_host_line():
-    spec = importlib.util.spec_from_file_location("_host", BENCHES / "_host.py")
-    host = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(host)
+    host = load_script(BENCHES / "_host.py")
     line = host.describe()
     assert "usable cores" in line and "load average" in line and "quiet?" in line
     assert host.is_quiet(0.5, 2) and not host.is_quiet(1.5, 2)
