@@ -44,7 +44,7 @@ import _host  # noqa: E402
 # (run in this order)
 BENCHMARKS: dict[str, tuple[list[str] | None, list[str], list[str]]] = {
     "bench_distributed.py": (["--quick"], [], ["--write"]),
-    "bench_formats.py": (["--quick", "--reps", "5"], ["--reps", "5"], ["--write"]),
+    "bench_formats.py": (["--quick", "--reps", "5"], ["--reps", "5", "--runs", "5"], ["--write"]),
     "bench_convert.py": (["--quick"], [], ["--write"]),
     "bench_profile.py": (["--quick"], ["--op-summary", "--wide", "--repeat", "5", "--timeline", "2",
                                        "--baseline-gib", "0.1"], ["--write"]),

@@ -1514,8 +1514,13 @@ def _tune(r: "_Recipe", steps: tuple, x: np.ndarray, out: np.ndarray, bufs: list
     call's own buffers (every variant writes the same bytes, so ``out`` is complete whichever ran
     last). Which one wins depends on the host's caches and write-combining, so it is measured here
     rather than fixed in the code; the variants alternate within each round, the best of the rounds
-    counts. Recorded in ``r.choices[n_threads]`` (variant, CPU seconds by variant; ``{}`` when the
-    winner of the recipe's layout class was reused untimed)."""
+    counts. Below 48 MiB (more than one round) each candidate runs once untimed right before its
+    timed run, so that it finds the output as a repeated call does, written by the same program: timed
+    straight after another variant, it found that one's dirty lines in the caches (ordinary stores
+    hit them, streaming stores first had to evict them), and at 16 MiB the tuner kept variants that
+    then ran at 0.4-0.6 of a copy where another ran at 0.8-1.2, a different one in each process.
+    Recorded in ``r.choices[n_threads]`` (variant, CPU seconds by variant; ``{}`` when the winner of
+    the recipe's layout class was reused untimed)."""
     cands: dict[str, Any] = {"recorded": steps}
     seen = {repr(steps)}
     for nt, a_bytes, rc, staged in _fastcopy.VARIANTS:
@@ -1539,16 +1544,21 @@ def _tune(r: "_Recipe", steps: tuple, x: np.ndarray, out: np.ndarray, bufs: list
         else:
             _replay(prog, bufs, n_threads)
         return prog
+    def run(prog) -> None:
+        if prog is _PLAIN:
+            _run_plain(r, x, out)
+        else:
+            _replay(prog, bufs, n_threads)
+
     rounds = max(1, min(3, _TUNE_ROUNDS_BYTES // max(out.nbytes, x.nbytes, 1)))
     best = {k: float("inf") for k in cands}
     _replay(steps, bufs, n_threads)                 # warm-up: first touch of the buffers
     for _ in range(rounds):
         for k, prog in cands.items():
+            if rounds > 1:
+                run(prog)                           # untimed: the output as a repeated call finds it
             t0 = time.process_time()
-            if prog is _PLAIN:
-                _run_plain(r, x, out)
-            else:
-                _replay(prog, bufs, n_threads)
+            run(prog)
             best[k] = min(best[k], time.process_time() - t0)
     if rounds == 1 and len(cands) > 3:
         # one round (tensors of 48 MiB and more): a single disturbed timing would pick a variant for
@@ -1556,20 +1566,14 @@ def _tune(r: "_Recipe", steps: tuple, x: np.ndarray, out: np.ndarray, bufs: list
         # load noise once left FRACTAL_NZ fp16 pack on 0.44 of a copy where another variant ran 0.63)
         for k in sorted(best, key=best.get)[:3]:
             t0 = time.process_time()
-            if cands[k] is _PLAIN:
-                _run_plain(r, x, out)
-            else:
-                _replay(cands[k], bufs, n_threads)
+            run(cands[k])
             best[k] = min(best[k], time.process_time() - t0)
     win = min(best, key=best.get)
     if cands[win] is not _PLAIN and win != "recorded" and best["recorded"] <= best[win]:
         win = "recorded"
     r.choices[n_threads] = (win, best)
     _tuned_classes[klass] = win
-    if cands[win] is not _PLAIN:
-        _replay(cands[win], bufs, n_threads)        # out is complete after any variant; this one last
-    else:
-        _run_plain(r, x, out)
+    run(cands[win])                                 # out is complete after any variant; this one last
     return cands[win]
 
 

@@ -172,7 +172,7 @@ def test_bench_check_flags_documented_figure_off(bench, tmp_path):
                       "| NC1HWC0 [8, 64, 128, 128] | float16 | pack | 16 MiB | 6.5 | 1.30 ± 0.04 |\n",
                       encoding="utf-8")
     doc = bench.documented(readme)
-    assert doc == {("NC1HWC0 [8, 64, 128, 128]", "float16", "pack", "16 MiB"): (1.30, 0.04)}
+    assert doc == {("NC1HWC0 [8, 64, 128, 128]", "float16", "pack", "16 MiB"): (1.30, 0.04, 1.30, 1.30)}
     bad = bench.check([], [row], doc)
     assert len(bad) == 1 and "documents 1.30" in bad[0]
     row["ratio"]["cpu1"] = 1.25                       # within the noise and 15 %
@@ -183,6 +183,29 @@ def test_bench_check_flags_documented_figure_off(bench, tmp_path):
     assert len(bench.check([], [row], doc)) == 1
     row["met1"], row["ratio"]["cpu1"] = False, 0.4
     assert any("target 0.60" in b for b in bench.check([], [row], {}))
+
+
+def test_bench_check_holds_a_row_against_its_documented_runs(bench, tmp_path):
+    """A row measured in several processes documents the runs' range; a new figure inside it (widened
+    by the noise and 15 %) is not off, one below or above it is, and the table cell the script writes
+    parses back to the same range."""
+    row = {"part": "large", "fmt": "FRACTAL_Z", "dtype": "float16", "dir": "unpack", "shape": (1024, 896, 3, 3),
+           "bytes": 16 << 20, "ratio": {"cpu1": 0.87, "noise": 0.05}, "met1": True, "load": 0.1,
+           "runs": [0.87, 0.63, 1.10, 0.95]}
+    cell = bench._cpu_cell(row)
+    assert cell == "0.87 ± 0.05 (runs 0.63–1.10)"
+    readme = tmp_path / "README-formats.md"
+    readme.write_text("### Throughput (large tensors)\n\n| format | dtype | dir | size | copy GB/s | CPU |\n"
+                      "|---|---|---|---|---|---|\n"
+                      f"| FRACTAL_Z [1024, 896, 3, 3] | float16 | unpack | 16 MiB | 6.9 | {cell} |\n",
+                      encoding="utf-8")
+    doc = bench.documented(readme)
+    assert doc[("FRACTAL_Z [1024, 896, 3, 3]", "float16", "unpack", "16 MiB")] == (0.87, 0.05, 0.63, 1.10)
+    new = dict(row, runs=None)
+    for x, off in ((0.62, False), (1.20, False), (0.50, True), (1.40, True)):
+        new["ratio"] = {"cpu1": x, "noise": 0.03}
+        assert bool(bench.check([], [new], doc)) is off, x
+    assert "runs 0.63–1.10" in bench.check([], [dict(new, ratio={"cpu1": 0.4, "noise": 0.03})], doc)[-1]
 
 
 def test_host_line():
@@ -260,3 +283,36 @@ def test_one_round_tuning_times_the_three_fastest_again(monkeypatch):
     # every candidate ran once in the round, the recorded program once more as the warm-up, the
     # winner once more at the end; three ran again: 3 + 1 + 1 extra runs in all
     assert sum(runs.values()) == len(times) + 3 + 1 + 1
+
+
+def test_each_candidate_is_timed_straight_after_its_own_run(monkeypatch):
+    """With several rounds (tensors under 48 MiB) every candidate runs twice in a row per round and
+    only the second run is timed: it finds the output as a repeated call does (written by the same
+    program), not with the lines the previous candidate left dirty in the caches, which made the
+    tuner keep ordinary-store variants that ran at half the speed in use."""
+    F._clear_recipes()
+    monkeypatch.setattr(F, "_TUNE_BYTES", 1)                 # tune this small weight
+    x = random_array(np.random.default_rng(4), (128, 128, 3, 3), np.float16)
+    seq: list[int] = []
+    orig_replay, orig_plain = F._replay, F._run_plain
+
+    def replay(steps, bufs, n):
+        seq.append(id(steps))
+        return orig_replay(steps, bufs, n)
+
+    def plain(r, x_, out):
+        seq.append(-1)
+        return orig_plain(r, x_, out)
+
+    monkeypatch.setattr(F, "_replay", replay)
+    monkeypatch.setattr(F, "_run_plain", plain)
+    got = F.pack(x, "FRACTAL_Z", threads=1)
+    assert got.tobytes() == oracle_bytes("FRACTAL_Z", x, 16).tobytes()
+    win, times = _recipe("p", x.shape, np.float16).choices[1]
+    rounds = 3                                                # 288 KiB: the most rounds
+    body = seq[1:-1]                                          # without the warm-up and the final run
+    assert len(body) == 2 * rounds * len(times)
+    pairs = list(zip(body[::2], body[1::2]))
+    assert all(a == b for a, b in pairs)                      # each timed run follows its own
+    assert len({a for a, _ in pairs[:len(times)]}) == len(times)   # every candidate in a round
+    F._clear_recipes()
