@@ -37,6 +37,7 @@ from typing import Any, Callable, ContextManager, Iterator
 import numpy as np
 
 from npu_deploy.converters import formats
+from npu_deploy.converters.formats import _fastcopy
 from npu_deploy.errors import InternalError
 
 CHUNK_BYTES = 8 << 20
@@ -120,7 +121,7 @@ def stream_packed(source: Source, fmt: str, logical_shape: tuple[int, ...], dtyp
                 split = (0, 1) if plain_nd else leading_split(fmt, logical_shape, dt, c0=c0, groups=groups,
                                                               origin=origin)
             if split is None:
-                whole = src.astype(dt)
+                whole = _fastcopy.cast(src, dt)
                 del src
                 release()
                 yield pack(whole)
@@ -137,7 +138,7 @@ def stream_packed(source: Source, fmt: str, logical_shape: tuple[int, ...], dtyp
             for u in range(0, units, take):
                 index[axis] = slice(u * step, min((u + take) * step, n))
                 if axis == 0:
-                    part = src[tuple(index)].astype(dt)  # a contiguous copy: the source pages can go now
+                    part = _fastcopy.cast(src[tuple(index)], dt)  # a contiguous copy: the source pages can go now
                     release()
                 else:
                     view = src[tuple(index)]

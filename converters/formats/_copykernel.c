@@ -17,6 +17,8 @@
  *
  * npd_set_isa(level): -1 auto (AVX2 where the CPU reports it), 1 SSE2 only, 2 AVX2. The AVX2 code is
  * compiled per function (target attribute) and chosen at run time, so the file's flags stay baseline.
+ *
+ * npd_f32_to_f16(dst, src, n): float32 -> float16 as numpy casts (F16C; 1: not available here).
  */
 #include <stdint.h>
 #include <string.h>
@@ -525,9 +527,72 @@ static inline int t3_block_avx2(char *d, const char *s, i64 A, i64 B, i64 es, i6
     }
     return 1;
 }
+
+/* ---------------------------------------------------------------------------------------------
+ * npd_f32_to_f16(dst, src, n): n float32 -> float16, bit for bit what numpy's astype gives: F16C's
+ * conversion rounds to nearest even (imm 0, whatever MXCSR says), overflows to infinity, writes
+ * subnormals; only a NaN differs (F16C sets the quiet bit of a signalling NaN), so a vector holding
+ * one redoes its NaN lanes the numpy way: sign, exponent all ones, the top 10 payload bits, and a
+ * payload of 1 where those are all zero (a NaN must stay a NaN). Returns 1, doing nothing, where the
+ * CPU has no F16C or AVX2 (npd_set_isa(1) included): the caller casts with numpy then. The weight
+ * casts of convert ran at 1.5-1.8 GB/s in numpy (0.6 s of CPU for a 912 MiB float32 model).
+ */
+static int npd_f16c = -1;
+
+static int npd_f16c_ok(void) {
+    if (npd_f16c < 0) {
+        unsigned a = 0, b = 0, c = 0, d = 0;
+        __asm__ volatile("cpuid" : "=a"(a), "=b"(b), "=c"(c), "=d"(d) : "a"(1), "c"(0));
+        npd_f16c = (c >> 29) & 1;                /* CPUID.1:ECX.F16C; AVX state: npd_avx2_ok */
+    }
+    return npd_f16c && npd_avx2_ok();
+}
+
+static uint16_t npd_nan_half(uint32_t f) {
+    uint16_t sig = (uint16_t)((f & 0x007fffffu) >> 13);
+    return (uint16_t)(((f >> 16) & 0x8000u) | 0x7c00u | (sig ? sig : 1u));
+}
+
+__attribute__((target("avx2,f16c")))
+static void npd_f16_run(uint16_t *d, const float *s, i64 n) {
+    i64 i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 v = _mm256_loadu_ps(s + i);
+        _mm_storeu_si128((__m128i *)(d + i), _mm256_cvtps_ph(v, 0));
+        int nan = _mm256_movemask_ps(_mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+        for (int k = 0; nan; k++, nan >>= 1)
+            if (nan & 1) {
+                uint32_t f;
+                memcpy(&f, s + i + k, 4);
+                d[i + k] = npd_nan_half(f);
+            }
+    }
+    if (i < n) {                                 /* the last 1-7: through a zero-padded vector */
+        float t[8] = {0};
+        uint16_t h[8];
+        memcpy(t, s + i, (size_t)(n - i) * 4);
+        _mm_storeu_si128((__m128i *)h, _mm256_cvtps_ph(_mm256_loadu_ps(t), 0));
+        for (i64 k = 0; k < n - i; k++) {
+            uint32_t f;
+            memcpy(&f, t + k, 4);
+            d[i + k] = ((f & 0x7f800000u) == 0x7f800000u && (f & 0x007fffffu)) ? npd_nan_half(f) : h[k];
+        }
+    }
+}
+
+int npd_f32_to_f16(uint16_t *dst, const float *src, i64 n) {
+    if (n < 0) return -1;
+    if (!npd_f16c_ok()) return 1;
+    npd_f16_run(dst, src, n);
+    return 0;
+}
 #else
 int npd_set_isa(int level) {
     (void)level;
+    return 1;
+}
+int npd_f32_to_f16(uint16_t *dst, const float *src, i64 n) {
+    (void)dst; (void)src; (void)n;
     return 1;
 }
 static inline int t3_block_avx2(char *d, const char *s, i64 A, i64 B, i64 es, i64 bstride, int dir, int nt) {
