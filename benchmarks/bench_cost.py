@@ -51,6 +51,10 @@ def main() -> int:
     print(f"{len(caps)} captures, {res.n_ops} priced ops, {res.n_keys} distinct (op, shape) keys, "
           f"{len(res.parameters)} parameters; fit + {len(caps)} leave-one-out fits: {cpu:.1f} s CPU")
     print(res.verdict())
+    print(f"left out of the fit (and of every figure below): {res.n_excluded} implausible measurement(s)")
+    for label, rows in res.excluded.items():
+        for r in rows:
+            print(f"  {label}: {r['type']} {r['name']}: {r['why']}")
     print(f"\n{'class':<10}{'ops':>6}{'in-sample median':>18}{'LOO median':>12}{'LOO p90':>10}")
     for cls in K.CLASSES:
         a = res.in_sample["per_class"].get(cls)

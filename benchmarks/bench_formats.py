@@ -731,8 +731,37 @@ wall time. The summary and the "off" list under the tables are this run's.
     transposed into a second buffer, block rows streamed with carried lines) reached 0.42-0.47
     against 0.35-0.37 before; larger tiles (to 255 r, 128 KiB buffers), direct transposes from the
     runs and other prefetch distances did not do better. Staging NC1HWC0 unpack's far-apart rows
-    through L2 was slower than ordinary stores (0.43 against 0.60) and is not kept. Not measured on
-    an AMD host (none here).
+    through L2 was slower than ordinary stores (0.43 against 0.60) and is not kept.
+* **On an AMD EPYC host** (new: the issue's host kind, Zen 3, 2 cores, L2 512 KiB per core, L3 32
+  MiB, AVX2/F16C, no AVX-512; the tables above are from it when their host line says AMD EPYC).
+  The figures measured on the Intel Xeon host before do not carry over: the first quick run here
+  (12:39 UTC, the tree of the previous session) had 70 rows off their documented figures, at 16 MiB
+  and 256 MiB alike; FRACTAL_Z rows at 0.2-0.5 of a copy, NC1HWC0 / NDC1HWC0 int8 pack 0.31-0.49.
+  What is different, measured in a C harness over the kernel file (CPU time): one core *reads* at
+  ~9.4 GB/s (sequential), and `np.copyto` (8-10 GB/s) is bound by that, while streaming stores
+  write at 18-20 GB/s, 12-17 GB/s in 256-1,024-byte pieces scattered over 2,016 runs. Reading
+  288-byte strips from rows 64 KB apart (FRACTAL_Z's blocks, one per (n, c1)) runs at ~5 GB/s,
+  9 KiB strips at ~8.8. So here the FRACTAL_Z kernels are bound by how they *read*: the staged pack
+  read its rc rows 288 bytes at a time each, interleaved with the writes (0.33 of a copy), and
+  the transposes and the writes do not overlap (reads alone 0.6-0.8 of a copy, writes alone 1.3-1.6,
+  together 0.41-0.44). Huge pages (granted here under `madvise`, as numpy asks for large arrays)
+  changed nothing; padding the staging rows off one cache set, tile shapes from 1 x 8 to 64 x 64
+  blocks and a prefetch of the next tile did not either (0.3-0.47).
+  * *Whole rows* (new variant, `nt-…-rN-staged-whole`, `npd_tile3` dir bit 4): the pack stages a
+    tile's rc rows for *all* c1 before it writes any run piece, each source row read through from
+    start to end. Side by side through the recipes on [4096, 3584, 3, 3] at 256 MiB (host loaded by
+    another job, load 2-3): fp16 pack 0.35-0.58 of a copy against 0.33-0.41 for the best of the
+    previous variants, int8 0.47-0.48 against 0.41-0.44, fp32 0.33-0.50 against 0.28-0.47. The
+    tuner keeps it only where it wins: in the full run of the tables above (14:09-14:16 UTC) it was
+    kept for 10 of the 12 FRACTAL_Z rows at 256 MiB in the first process (the unpacks take its
+    staged walk with 16 or 32 r), and FRACTAL_Z pack there ran at 0.40-0.48 of a copy (0.32-0.39 in
+    the first run of the day); still **under 0.6**.
+  * That full run: 33 of 60 rows ≥ 0.6 (the summary line). At 16 MiB most rows hold (FRACTAL_Z fp16
+    pack 0.96 where the morning's quick run had 0.40: the same host in another state, as on the
+    Intel host). At 256 MiB only NC1HWC0 / NDC1HWC0 fp16 and fp32 pack and FRACTAL_NZ fp32 unpack
+    reach 0.6: every 256 MiB unpack, every int8 pack and every FRACTAL_Z row stays under it here.
+  * The unpacks (0.3-0.35 here) write NCHW rows and read the runs in rc x C0 pieces: the same
+    reading problem the other way round, not solved in this tree.
 * **2 threads**: reported (wall clock), not a target of this run: with the load above 1 per core
   the helper thread mostly waits for a core.
 

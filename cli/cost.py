@@ -141,6 +141,13 @@ def fit_cmd(ctx, captures, output, base, name, part, json_path):
     click.echo(f"fitted on {', '.join(res.captures)}")
     for label, part in res.parts.items():
         click.echo(printable(f"  {label} priced as {part['soc']}: {part['why']}"))
+    click.echo(f"left out of the fit: {res.n_excluded} implausible measurement{'' if res.n_excluded == 1 else 's'}"
+               f" (faster than HBM allows beyond L2)")
+    for label, rows in res.excluded.items():
+        for r in rows[:5]:
+            click.echo(printable(f"  {label}: {r['type']} {costcheck._short(r['name'])}: {r['why']}"))
+        if len(rows) > 5:
+            click.echo(f"  {label}: ... {len(rows) - 5} more (--json has every one)")
     for k, v in res.parameters.items():
         click.echo(f"  {k:<52} {v:.4g}")
     for label, s in (("in sample", res.in_sample), ("leave one capture out", res.leave_one_out)):

@@ -1492,7 +1492,7 @@ _TUNE_ROUNDS_BYTES = 48 << 20   # timed rounds: about this many bytes per varian
 _tuned_classes: dict[tuple, str] = {}   # layout class -> winning variant label (see _tune)
 
 
-def _variant_steps(steps: tuple, nt: bool, a_bytes: int, rc: int, staged: bool = False) -> tuple:
+def _variant_steps(steps: tuple, nt: bool, a_bytes: int, rc: int, staged: int = False) -> tuple:
     return tuple(step if type(step) is int else
                  tuple((fn, di, do, si, so, _fastcopy.task_variant(fn, args, nt, a_bytes, rc, staged))
                        for fn, di, do, si, so, args in step) for step in steps)
@@ -1528,7 +1528,7 @@ def _tune(r: "_Recipe", steps: tuple, x: np.ndarray, out: np.ndarray, bufs: list
         key = repr(v)
         if key not in seen:
             seen.add(key)
-            cands[f"{'nt' if nt else 'st'}-a{a_bytes}-r{rc}{'-staged' if staged else ''}"] = v
+            cands[f"{'nt' if nt else 'st'}-a{a_bytes}-r{rc}{'-staged' if staged else ''}{'-whole' if staged == 2 else ''}"] = v
     cands[_PLAIN] = _PLAIN
     # a layout class already measured in this process (same format, direction, dtype, threads and
     # size within a factor of 2): its winner, untimed, so that converting a model's many weights

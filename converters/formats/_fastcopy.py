@@ -707,7 +707,7 @@ def _tiles(shape, unit: int, a_bytes: int) -> tuple[int, int]:
 # side, else that many r). Which wins depends on the host (write-combining buffers, cache sizes,
 # prefetchers), not only on the layout: on one x86-64 host NC1HWC0 fp16 unpack runs at 0.16-0.3 of
 # a copy with streaming stores and 1.0-1.4 without, NC1HWC0 fp16 pack the other way round.
-VARIANTS: tuple[tuple[bool, int, int, bool], ...] = (
+VARIANTS: tuple[tuple[bool, int, int, int], ...] = (
     (False, 256, 0, False), (False, 2048, 0, False), (True, 256, 0, False), (True, 2048, 0, False),
     (False, 256, -1, False), (True, 256, -1, False), (False, 256, 8, False), (True, 256, 8, False),
     # r-chunks of 128 / 255 blocks: at 256 MiB FRACTAL_Z's source rows (one per n, a page or more
@@ -716,10 +716,16 @@ VARIANTS: tuple[tuple[bool, int, int, bool], ...] = (
     (False, 256, 128, False), (False, 256, 255, False),
     # npd_tile3's staged walk (tiles of r through an L1 buffer, whole runs streamed out): on the
     # same pack 0.23 -> 0.6-0.7 of a copy with 4-8 r per tile, the unpack 0.37 -> 0.42-0.47 with 32
-    (True, 256, 4, True), (True, 256, 8, True), (True, 256, 32, True))
+    (True, 256, 4, True), (True, 256, 8, True), (True, 256, 32, True),
+    # staged = 2: the pack stages a tile's r for the whole innermost outer axis before writing, so
+    # each source row is read through in one go (npd_t3_whole; unpacks take the staged walk). AMD EPYC
+    # (Zen 3: one core reads 9 GB/s, 5 GB/s in 288-byte strips of rows 64 KB apart), FRACTAL_Z
+    # [4096, 3584, 3, 3] at 256 MiB, side by side, loaded host: fp16 pack 0.33-0.41 of a copy (best
+    # of the others) -> 0.35-0.58, int8 0.41-0.44 -> 0.47-0.48, fp32 0.28-0.47 -> 0.33-0.50
+    (True, 256, 8, 2), (True, 256, 16, 2), (True, 256, 32, 2))
 
 
-def task_variant(fn, args: tuple, nt: bool, a_bytes: int, rc: int = 0, staged: bool = False) -> tuple:
+def task_variant(fn, args: tuple, nt: bool, a_bytes: int, rc: int = 0, staged: int = False) -> tuple:
     """``args`` of a kernel task (from :func:`kernel_tasks`) with streaming stores ``nt`` (where the
     task's mode allows them), tile depth ``a_bytes`` (npd_copy), r-chunk ``rc`` and the staged walk
     (npd_tile3; ``staged`` needs ``rc`` > 0); the box copied, hence the result, is the same whatever
@@ -728,7 +734,7 @@ def task_variant(fn, args: tuple, nt: bool, a_bytes: int, rc: int = 0, staged: b
         nd, c_shape, c_ds, c_ss, unit, d = args
         if rc < 0:
             rc = max(1, 64 // max(1, c_shape[nd - 2] * unit))
-        flags = (d & 3) | (4 if nt else 0) | (8 if staged and rc > 0 else 0)
+        flags = (d & 3) | (4 if nt else 0) | (8 if staged and rc > 0 else 0) | (16 if staged == 2 and rc > 0 else 0)
         return (nd, c_shape, c_ds, c_ss, unit, flags | (min(rc, 255) << 8))
     nd, c_shape, c_ds, c_ss, unit, mode, tile_a, tile_b = args
     if mode & ~4 != 1:

@@ -129,6 +129,9 @@ class SocProfile:
     #: fraction of ``bandwidth_gbps``; up to 3 (L2 absorbs a result faster than HBM peak, as TransData's
     #: L2-resident operands); assumption 0.7 like ``bw_efficiency`` until a capture shows otherwise
     cube_write_efficiency: float = 0.7
+    #: the part's L2 cache in MiB: bytes an op moves within it need not stream from HBM. ``cost check``'s
+    #: plausibility floor allows for it (``costcheck.implausible``); None: not known, no floor is checked
+    l2_mib: float | None = None
     sources: dict = dataclasses.field(default_factory=dict, compare=False)
     #: kernel launch overhead per msprof engine (AI_CORE, AI_VECTOR_CORE, MIX_AIC, MIX_AIV); others use
     #: ``launch_us``
@@ -163,6 +166,10 @@ class SocProfile:
         v = self.cube_write_efficiency
         if isinstance(v, bool) or not (isinstance(v, (int, float)) and 0 < v <= 3):
             raise InputError(f"SoC profile {self.name!r}: cube_write_efficiency = {v!r} must be in (0, 3]")
+        v = self.l2_mib
+        if v is not None and (isinstance(v, bool) or not (isinstance(v, (int, float)) and math.isfinite(v)
+                                                          and 0 < v <= 65536)):
+            raise InputError(f"SoC profile {self.name!r}: l2_mib = {v!r} must be a size in MiB (or null: not known)")
         for f in self._TIMES:
             v = getattr(self, f)
             if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
@@ -213,7 +220,7 @@ class SocProfile:
             base["calibration"] = {"calibrated": False}
         base.update(d)
         base["sources"] = sources
-        for f in cls._RATES + cls._FRACTIONS + cls._TIMES:
+        for f in cls._RATES + cls._FRACTIONS + cls._TIMES + ("l2_mib",):
             if isinstance(base[f], int) and not isinstance(base[f], bool):
                 base[f] = float(base[f])
         return cls(**base)
@@ -318,6 +325,7 @@ SOC_PROFILES: dict[str, SocProfile] = {
             "dsa_bandwidth_gbps": _A + "the DSA engine's random bit-mask generation, tens of GB/s",
             "transposed_read_efficiency": _A + "no penalty for a transposed cube operand until a capture shows one",
             "cube_write_efficiency": _A + "cube results stream out like other kernels' writes (~70 % of peak)",
+            "l2_mib": "not known (no source here gives the 310P3's L2 size): cost check makes no plausibility check",
         }),
     "Ascend910B": SocProfile(
         name="Ascend910B",
@@ -325,6 +333,7 @@ SOC_PROFILES: dict[str, SocProfile] = {
         bandwidth_gbps=1600.0, launch_us=3.0,
         cube_efficiency=0.7, vector_efficiency=0.5, bw_efficiency=0.7, transdata_efficiency=0.5,
         nd_load_efficiency=0.5, aicpu_gflops=40.0, aicpu_bandwidth_gbps=20.0, aicpu_launch_us=30.0,
+        l2_mib=192.0,
         sources={
             "fp16_tflops": "'on the order of 300 TFLOPS FP16', " + _DESIGN,
             "int8_tops": _A + "2x the FP16 cube rate, as on 310P3",
@@ -344,6 +353,8 @@ SOC_PROFILES: dict[str, SocProfile] = {
             "dsa_bandwidth_gbps": _A + "the DSA engine's random bit-mask generation, tens of GB/s",
             "transposed_read_efficiency": _A + "no penalty for a transposed cube operand until a capture shows one",
             "cube_write_efficiency": _A + "cube results stream out like other kernels' writes (~70 % of peak)",
+            "l2_mib": _A + "Ascend910B2's L2, 192 MiB (CANN platform_config Ascend910B2.ini [SoCInfo]): the "
+                      "family profile's figures describe a 24-core part",
         }),
 }
 
@@ -400,6 +411,9 @@ def _derived(name: str, peaks: dict, peak_sources: dict, efficiencies_from: str 
             srcs[f"{table}.{k}"] = f"not calibrated: {efficiencies_from}'s value ({ref.sources.get(f'{table}.{k}', 'assumption')})"
     srcs.update(peak_sources)
     srcs.setdefault("fp32_tflops", _A + f"{efficiencies_from}'s fp32 cube rate scaled by the FP16 peak ratio")
+    peaks.setdefault("l2_mib", None)
+    srcs.setdefault("l2_mib", f"not known (no source here gives the {name}'s L2 size): cost check makes no "
+                              f"plausibility check")
     return SocProfile(name=name, **peaks, **keep, sources=srcs,
                       launch_us_by_engine=dict(ref.launch_us_by_engine),
                       transdata_efficiency_by_pair=dict(ref.transdata_efficiency_by_pair),
@@ -490,13 +504,19 @@ def part_profile(p: SocProfile, part: str, *, ref: str | None = None) -> SocProf
                               f"{base['vector_cores']} vector cores (assumption: same clock)",
         "bandwidth_gbps": _A + f"{p.name}'s HBM figure ({p.sources.get('bandwidth_gbps', '')}); CANN's "
                           f"platform_config gives no HBM rate per part"})
+    if fact.get("l2_mib"):
+        l2, sources["l2_mib"] = float(fact["l2_mib"]), fact["source"]
+    else:
+        l2 = p.l2_mib
+        sources["l2_mib"] = _A + f"{p.name}'s L2 figure ({p.sources.get('l2_mib', 'not known')}); no source here " \
+                                 f"gives {part}'s"
     calib = dict(p.calibration)
     if calib:
         calib["summary"] = (f"{part}: {p.name}'s efficiencies and launch costs with this part's cube/vector "
                             f"peaks; " + str(calib.get("summary", "")))
     return dataclasses.replace(p, name=part, fp16_tflops=fp16, int8_tops=p.int8_tops * s_cube,
                                fp32_tflops=p.fp32_tflops * s_cube,
-                               vector_fp16_tflops=p.vector_fp16_tflops * s_vec, sources=sources,
+                               vector_fp16_tflops=p.vector_fp16_tflops * s_vec, l2_mib=l2, sources=sources,
                                calibration=calib)
 
 

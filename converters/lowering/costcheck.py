@@ -21,11 +21,17 @@ FRACTAL_Z 4-D), so bytes are what the kernel really moves and cube work includes
   score — a full 4-D mask read for every head, a dropout bit mask — streamed before it is applied.
 * Vector ops of a known kind (elementwise, reductions, pooling, norms, data movement, optimizer
   updates, TopK as a sort): vector roofline on bytes moved and operations per element; in-place
-  optimizer updates also write back their state, the MaxPool grad reads the mask its forward wrote.
+  optimizer updates also write back their state, the MaxPool grad reads the mask its forward wrote, a
+  gather reads the rows it selects (not its whole table) and the embedding grad writes the rows its
+  indices select (aclnnEmbeddingDenseBackward zeroes the table with a ZerosLike first).
 * Write-only kernels (ZerosLike, OnesLike, Fill, MemSet): bytes written at ``fill_efficiency``; a MemSet
   whose size the capture does not record: a fixed cost. DSA bit-mask generation: bytes at the DSA rate.
   ``AI_CPU`` ops: AI CPU launch + bytes at its bandwidth.
 * Anything else, or an op without shapes: **not priced** (``predicted_us`` None, counted with its share).
+* A measurement faster than any physical rate moves the op's bytes — what the part's L2 cannot hold,
+  at HBM peak x :data:`PLAUSIBLE_RATE_MARGIN` — is **implausible** (:func:`implausible`; the row's
+  shapes are not what the kernel wrote): kept, with ``excluded`` saying why and ``predicted_us`` None,
+  counted with its share, and left out of the totals, the FormatTrans shares, the errors and the fit.
 
 :func:`fit` fits a few physically bounded parameters (launch per engine, TransData efficiency per
 format pair and dtype, cube efficiency per dtype, vector and bandwidth efficiency, AI CPU) by robust
@@ -89,6 +95,15 @@ VECTOR_TYPES = frozenset(set(C._ELEMENTWISE) | set(C._REDUCE) | set(C._MOVE) | _
     "Equal", "Cast", "Abs", "Neg", "Maximum", "Minimum", "SelectV2", "Select", "MaskedFill",
     "BNTrainingReduce", "BNTrainingUpdate", "BNInfer", "BatchNorm", "ApplyMomentum", "ExpandD", "Tile",
     "TopK", "TopKV2", "TopKD", "Sort", "NonZero", "EmbeddingDenseGradV2"})
+#: gathers: they read only the rows their indices select from their data input, not all of it (an
+#: embedding GatherV2 reads 4,096 rows of a 151,936-row table): the data input counts as many bytes as
+#: the output, as ``cost.op_work`` counts an ONNX Gather, and never more than the input holds (a row
+#: selected twice is one row to fetch: gpt3_step_start_rank1 gathers 16,384 rows of a 6,400-row table)
+_PARTIAL_READ = frozenset(t for t in C._PARTIAL_READ if t.startswith("Gather")) | {"GatherV2"}
+#: kernels that accumulate their first input's rows into the rows of their output that the indices
+#: select, the rest of the output zeroed by a separate kernel (aclnnEmbeddingDenseBackward runs a
+#: ZerosLike of the table, then EmbeddingDenseGradV2 into it): they write as many rows as they read
+_SCATTER_WRITE = frozenset({"EmbeddingDenseGradV2", "EmbeddingDenseGrad"})
 #: op classes: colour and table order
 CLASSES = ("TransData", "Conv", "MatMul", "Attention", "vector", "fill", "DSA", "AI CPU")
 
@@ -296,6 +311,13 @@ def features(op) -> Features | None:
     if t in VECTOR_TYPES:
         if t in _OUTPUT_ONLY:
             in_b = 0
+        if t in _PARTIAL_READ and op.out_shapes and op.out_shapes[0]:
+            data = min(_nbytes(op.in_shapes[:1], op.in_dtypes[:1]), _nbytes(op.out_shapes[:1], op.out_dtypes[:1]))
+            in_b = data + _nbytes(op.in_shapes[1:], op.in_dtypes[1:])
+        if t in _SCATTER_WRITE and op.in_shapes and op.in_shapes[0] and op.out_shapes and op.out_shapes[0]:
+            # the rows its indices select: the first input's element count at the output's dtype
+            out_b = _numel(op.in_shapes[0]) * _ITEMSIZE.get(((op.out_dtypes[0] if op.out_dtypes else None)
+                                                             or "FLOAT").upper(), 4)
         if t in _IN_PLACE_WRITES and not any(op.out_shapes):
             n = _IN_PLACE_WRITES[t]
             out_b = _nbytes(op.in_shapes[:n], op.in_dtypes[:n])        # the state it updates in place
@@ -309,6 +331,10 @@ def features(op) -> Features | None:
             shown = _nbytes([s6], op.in_dtypes[2:3])
             in_b -= shown - shown // (s6[-1] * s6[3])
         elems = _largest_elems(op)
+        if t in _PARTIAL_READ and op.out_shapes and op.out_shapes[0]:
+            elems = _numel(op.out_shapes[0])              # the rows it selects, not the table's
+        elif t in _SCATTER_WRITE and op.in_shapes and op.in_shapes[0]:
+            elems = _numel(op.in_shapes[0])               # the rows it accumulates
         per = float(_OPS_PER_ELEMENT.get(t, 8.0 if t in _TRANSCENDENTAL else 1.0))
         if t.startswith("MaxPoolWithArgmax") and len(op.out_shapes) > 1 and op.out_shapes[1] \
                 and len(op.out_shapes[1]) == 5:
@@ -359,6 +385,44 @@ def predict(f: Features, p: C.SocProfile) -> float:
     else:
         comp = f.flops / (p.vector_peak_flops(f.dtype) * p.vector_efficiency)
     return launch + 1e6 * max(comp, mem)
+
+
+# ---------------------------------------------------------------------------------------------
+# measurements no physical rate can produce
+
+#: how far above the HBM peak a measured stream may run before its row is called implausible: the peak
+#: is a datasheet figure ("1.6 TB/s HBM"), and no source here gives it per part (each 910B part keeps
+#: the family's, an assumption); a stream up to 25 % above it is taken as that uncertainty, not as a
+#: row whose shapes are wrong
+PLAUSIBLE_RATE_MARGIN = 1.25
+
+
+def _size(nbytes: float) -> str:
+    return f"{nbytes / 1e9:.1f} GB" if nbytes >= 1e9 else f"{nbytes / 1e6:.0f} MB"
+
+
+def hbm_floor_us(f: Features, p: C.SocProfile) -> float | None:
+    """The least time (µs) in which ``f``'s bytes can move on ``p``: what its L2 cannot hold streamed at
+    HBM peak x :data:`PLAUSIBLE_RATE_MARGIN`. The bytes are the ones the op is priced on (``nbytes``:
+    reads + writes as :func:`features` counts them). 0 for an op whose bytes fit L2; None when ``p``'s
+    L2 size is not known (no floor)."""
+    if p.l2_mib is None:
+        return None
+    beyond = f.nbytes - p.l2_mib * (1 << 20)
+    return 1e6 * beyond / (p.bandwidth_gbps * 1e9 * PLAUSIBLE_RATE_MARGIN) if beyond > 0 else 0.0
+
+
+def implausible(f: Features, measured_us: float, p: C.SocProfile) -> str | None:
+    """Why ``measured_us`` cannot be the time of an op moving ``f``'s bytes on ``p`` (faster than
+    :func:`hbm_floor_us`), or None when it can. Such a row's shapes are not what the kernel moved (a
+    lazily zeroed or aliased buffer): it is kept and reported, never priced against."""
+    floor = hbm_floor_us(f, p)
+    if not floor or measured_us >= floor:
+        return None
+    rate = f.nbytes / max(measured_us, 1e-3) / 1e6
+    return (f"measured {measured_us:.0f} µs for {_size(f.nbytes)} = {rate:.1f} TB/s, above what HBM "
+            f"({p.bandwidth_gbps / 1e3:.1f} TB/s x {PLAUSIBLE_RATE_MARGIN:g}) allows beyond L2 ({p.l2_mib:g} MiB): "
+            f"at least {floor:.0f} µs; the row's shape is not what the kernel wrote")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -430,6 +494,9 @@ class CheckedOp:
     measured_us: float
     predicted_us: float | None
     capture: str = ""
+    #: why the measurement is left out of every comparison (faster than any physical rate moves the
+    #: op's bytes: :func:`implausible`); ``predicted_us`` is then None, the op is kept and counted
+    excluded: str | None = None
 
     @property
     def error_pct(self) -> float | None:
@@ -448,6 +515,8 @@ class TypeRow:
     median_abs_err_pct: float | None
     p90_abs_err_pct: float | None
     worst: list[str]
+    #: ops of this type whose measurement is implausible (left out of predicted_us and the errors)
+    implausible: int = 0
 
 
 def _short(name: str, width: int = 40) -> str:
@@ -484,6 +553,9 @@ class CostCheckReport(Result):
     median_abs_err_pct: float | None = None
     #: which profile priced which capture and why ("Ascend910B4: 20-core 910B part ... inferred ...")
     soc_note: str = ""
+    #: measurements no physical rate can produce, kept in ``ops`` (``excluded`` says why) and left out of
+    #: the totals, the FormatTrans shares and the errors: count, measured_us, share_pct, types, worst
+    implausible: dict = dataclasses.field(default_factory=dict)
 
     def __bool__(self) -> bool:
         return self.max_error_pct is None or (self.median_abs_err_pct or 0.0) <= self.max_error_pct
@@ -492,7 +564,7 @@ class CostCheckReport(Result):
         t = self.total
         err = "n/a" if self.median_abs_err_pct is None else f"{self.median_abs_err_pct:.1f} %"
         line = (f"cost model on {self.soc}{'' if self.calibrated else ' (not calibrated)'}: median op error "
-                f"{err}; priced ops measured {t['measured_priced_us']:.1f} µs, predicted "
+                f"{err}; priced plausible ops measured {t['measured_priced_us']:.1f} µs, predicted "
                 f"{t['predicted_us']:.1f} µs ({t['error_pct']:+.1f} %)")
         if self.max_error_pct is not None:
             line += f" — {'ok' if self else 'FAILED'} (--max-error {self.max_error_pct:g} %)"
@@ -523,9 +595,11 @@ def check(ops: Iterable[Any], soc: "str | C.SocProfile", *, max_error_pct: float
     rows: list[CheckedOp] = []
     for op in ops:
         f = features(op)
-        pred = predict(f, by_cap.get(getattr(op, "capture", ""), p)) if f is not None else None
+        q = by_cap.get(getattr(op, "capture", ""), p)
+        why = implausible(f, float(op.duration_us), q) if f is not None else None
+        pred = predict(f, q) if f is not None and why is None else None
         rows.append(CheckedOp(op.name, op.type, op.engine, f.cls if f else None, float(op.duration_us), pred,
-                              getattr(op, "capture", "")))
+                              getattr(op, "capture", ""), why))
     if not rows:
         raise InputError("cost check: no device ops to compare", hint="give a capture with device compute tasks")
     by_type: dict[str, list[CheckedOp]] = defaultdict(list)
@@ -539,7 +613,8 @@ def check(ops: Iterable[Any], soc: "str | C.SocProfile", *, max_error_pct: float
         types.append(TypeRow(t, rs[0].cls, len(rs), sum(r.measured_us for r in rs),
                              sum(r.predicted_us for r in priced) if priced else None,
                              statistics.median(errs) if errs else None, _pctile(errs, 0.9),
-                             [f"{_short(r.name)} ({r.error_pct:+.0f} %)" for r in worst]))
+                             [f"{_short(r.name)} ({r.error_pct:+.0f} %)" for r in worst],
+                             sum(1 for r in rs if r.excluded)))
     types.sort(key=lambda r: -r.measured_us)
     measured = sum(r.measured_us for r in rows)
     priced = [r for r in rows if r.predicted_us is not None]
@@ -547,10 +622,14 @@ def check(ops: Iterable[Any], soc: "str | C.SocProfile", *, max_error_pct: float
     pred = sum(r.predicted_us for r in priced)
     td_m = sum(r.measured_us for r in priced if r.cls == "TransData")
     td_p = sum(r.predicted_us for r in priced if r.cls == "TransData")
-    unpriced = [r for r in rows if r.predicted_us is None]
+    unpriced = [r for r in rows if r.predicted_us is None and not r.excluded]
     np_types: dict[str, int] = defaultdict(int)
     for r in unpriced:
         np_types[r.type] += 1
+    bad = sorted((r for r in rows if r.excluded), key=lambda r: -r.measured_us)
+    bad_types: dict[str, int] = defaultdict(int)
+    for r in bad:
+        bad_types[r.type] += 1
     errs = [abs(r.error_pct) for r in priced if r.error_pct is not None]
     names = list(dict.fromkeys([p.name] if not by_cap else [q.name for q in by_cap.values()]))
     return CostCheckReport(
@@ -563,7 +642,11 @@ def check(ops: Iterable[Any], soc: "str | C.SocProfile", *, max_error_pct: float
                     "share_pct": 100.0 * sum(r.measured_us for r in unpriced) / measured if measured else 0.0,
                     "types": dict(sorted(np_types.items(), key=lambda kv: -kv[1]))},
         skipped=dict(skipped or {}), max_error_pct=max_error_pct,
-        median_abs_err_pct=statistics.median(errs) if errs else None)
+        median_abs_err_pct=statistics.median(errs) if errs else None,
+        implausible={"count": len(bad), "measured_us": sum(r.measured_us for r in bad),
+                     "share_pct": 100.0 * sum(r.measured_us for r in bad) / measured if measured else 0.0,
+                     "types": dict(sorted(bad_types.items(), key=lambda kv: -kv[1])),
+                     "worst": f"{bad[0].type} {_short(bad[0].name)}: {bad[0].excluded}" if bad else None})
 
 
 def _f(v, fmt="{:.1f}") -> str:
@@ -578,25 +661,44 @@ def render_text(r: CostCheckReport, top: int = 25) -> str:
     head = f"{'op type':<26}{'count':>6}{'measured µs':>13}{'predicted µs':>14}{'median |err|':>14}{'p90':>8}  worst"
     lines += [head, "-" * len(head)]
     for t in r.types[:top]:
-        pred = "not priced" if t.predicted_us is None else f"{t.predicted_us:.1f}"
+        pred = _type_pred(t)
         med = "" if t.median_abs_err_pct is None else f"{t.median_abs_err_pct:.1f} %"
         p90 = "" if t.p90_abs_err_pct is None else f"{t.p90_abs_err_pct:.0f} %"
         lines.append(f"{t.type[:25]:<26}{t.count:>6}{t.measured_us:>13.1f}{pred:>14}{med:>14}{p90:>8}  "
-                     f"{'; '.join(t.worst[:2])}")
+                     f"{'; '.join(_type_worst(t)[:2])}")
     if len(r.types) > top:
         lines.append(f"... {len(r.types) - top} more op types (--json has every op)")
     tot, ft, npd = r.total, r.formattrans, r.not_priced
     lines += ["",
-              f"device time, priced ops: measured {tot['measured_priced_us']:.1f} µs, predicted "
+              f"device time, priced plausible ops: measured {tot['measured_priced_us']:.1f} µs, predicted "
               f"{tot['predicted_us']:.1f} µs ({tot['error_pct']:+.1f} %)",
               f"FormatTrans share: measured {ft['measured_pct']:.1f} %, predicted {ft['predicted_pct']:.1f} % "
               f"({ft['predicted_pct'] - ft['measured_pct']:+.1f} points)",
               f"not priced: {npd['count']} ops, {npd['share_pct']:.1f} % of measured device time "
-              f"({', '.join(f'{k} x{v}' for k, v in list(npd['types'].items())[:6]) or 'none'})"]
+              f"({', '.join(f'{k} x{v}' for k, v in list(npd['types'].items())[:6]) or 'none'})",
+              implausible_line(r)]
     for why, n in r.skipped.items():
         lines.append(f"skipped: {n} rows ({why})")
     lines.append(r.verdict())
     return "\n".join(lines)
+
+
+def _type_pred(t: TypeRow) -> str:
+    if t.predicted_us is not None:
+        return f"{t.predicted_us:.1f}"
+    return "implausible" if t.implausible == t.count else "not priced"
+
+
+def _type_worst(t: TypeRow) -> list[str]:
+    return ([f"{t.implausible} implausible measurement{'s' if t.implausible > 1 else ''} left out"]
+            if t.implausible else []) + t.worst
+
+
+def implausible_line(r: CostCheckReport) -> str:
+    """"implausible measurements: N ops, X % of measured device time (the worst one and why)"."""
+    b = r.implausible or {"count": 0, "share_pct": 0.0, "worst": None}
+    return (f"implausible measurements: {b['count']} ops, {b['share_pct']:.1f} % of measured device time "
+            f"({b['worst'] or 'none'})")
 
 
 _COLOURS = {"TransData": "#d62728", "Conv": "#1f77b4", "MatMul": "#2ca02c", "Attention": "#17becf",
@@ -648,9 +750,9 @@ def render_html(r: CostCheckReport) -> str:
     svg.append("</svg>")
     rows = "".join(
         f"<tr><td>{e(t.type)}</td><td>{t.count}</td><td>{t.measured_us:.1f}</td>"
-        f"<td>{'not priced' if t.predicted_us is None else f'{t.predicted_us:.1f}'}</td>"
+        f"<td>{_type_pred(t)}</td>"
         f"<td>{_f(t.median_abs_err_pct)}</td><td>{_f(t.p90_abs_err_pct, '{:.0f}')}</td>"
-        f"<td>{e('; '.join(t.worst))}</td></tr>" for t in r.types)
+        f"<td>{e('; '.join(_type_worst(t)))}</td></tr>" for t in r.types)
     tot, ft = r.total, r.formattrans
     return f"""<!DOCTYPE html>
 <html><head><meta charset="utf-8"><title>npu-deploy cost check — {e(r.soc)}</title>
@@ -660,10 +762,11 @@ td,th{{border:1px solid #ccc;padding:3px 8px;text-align:right}}td:first-child,td
 <h1>Cost model against measured device time — {e(r.soc)}</h1>
 <p>{e(', '.join(r.captures))}. {e(C.accuracy_note(r.soc.split(' + ')[0]))}.</p>
 {''.join(f'<p>SoC: {e(n)}</p>' for n in r.soc_note.splitlines())}
-<p>Priced ops: measured {tot['measured_priced_us']:.1f} µs, predicted {tot['predicted_us']:.1f} µs
+<p>Priced plausible ops: measured {tot['measured_priced_us']:.1f} µs, predicted {tot['predicted_us']:.1f} µs
 ({tot['error_pct']:+.1f} %). FormatTrans share: measured {ft['measured_pct']:.1f} %, predicted
 {ft['predicted_pct']:.1f} %. Not priced: {r.not_priced['count']} ops, {r.not_priced['share_pct']:.1f} % of
 measured time.</p>
+<p>{e(implausible_line(r))}</p>
 {''.join(svg)}
 <h2>Per op type</h2>
 <table><tr><th>op type</th><th>count</th><th>measured µs</th><th>predicted µs</th><th>median |err| %</th>
@@ -712,11 +815,20 @@ class FitResult(Result):
     captures: list[str]
     #: per capture: the part it was priced as and why ({label: {"soc", "why"}})
     parts: dict = dataclasses.field(default_factory=dict)
+    #: per capture: the measurements left out of the fit, faster than any physical rate moves their
+    #: bytes ({label: [{"name", "type", "measured_us", "why"}]}, see :func:`implausible`)
+    excluded: dict = dataclasses.field(default_factory=dict)
+
+    @property
+    def n_excluded(self) -> int:
+        return sum(len(v) for v in self.excluded.values())
 
     def verdict(self) -> str:
         loo = self.leave_one_out.get("median_abs_err_pct")
+        bad = (f", {self.n_excluded} implausible measurement{'s' if self.n_excluded > 1 else ''} left out"
+               if self.n_excluded else "")
         return (f"fitted {len(self.parameters)} parameters on {self.n_ops} ops ({self.n_keys} distinct op/shape "
-                f"keys) from {len(self.captures)} capture(s): in-sample median op error "
+                f"keys{bad}) from {len(self.captures)} capture(s): in-sample median op error "
                 f"{_f(self.in_sample.get('median_abs_err_pct'))} %, leave-one-capture-out "
                 f"{_f(loo)} %" + ("" if loo is not None else " (needs two captures)"))
 
@@ -879,24 +991,35 @@ def fit(captures: Sequence[tuple[str, Sequence[Any]]], base: "str | C.SocProfile
     Each capture is priced on the part it ran on (``parts[label]``, else :func:`capture_part`): its
     cube/vector peaks from the part's core counts (:func:`cost.part_profile`), every fitted parameter
     shared by all captures (a base that is no 910B-class profile prices every capture with its own peaks).
-    Returns the fitted profile (name ``name`` or ``<base>-fitted``, at ``base``'s peaks) and the fit's
-    report, with the in-sample error and, with two or more captures, the leave-one-capture-out error.
+    Measurements no physical rate can produce on their part (:func:`implausible`) are left out of the fit
+    and listed in the report's ``excluded``. Returns the fitted profile (name ``name`` or
+    ``<base>-fitted``, at ``base``'s peaks) and the fit's report, with the in-sample error and, with two
+    or more captures, the leave-one-capture-out error.
     """
     b = C.get_soc_profile(base)
     ref = _part_ref(b)
     per_cap = []
     types_of: dict[str, list[str]] = {}
     chosen: dict[str, dict] = {}
+    excluded: dict[str, list[dict]] = {}
     for label, ops in captures:
         ops = list(ops)
+        pc = PartChoice(parts[label], "given with --part") if parts and label in parts else capture_part(ops)
+        # the part's HBM rate and L2 size are no fitted parameters: which rows no physical rate can
+        # produce is known before the fit, and those rows are left out of it
+        q_prof = C.part_profile(b, pc.soc, ref=ref) if ref is not None else b
         fs, ms, ts = [], [], []
         for op in ops:
             f = features(op)
             if f is not None and op.duration_us > 0:
+                why = implausible(f, float(op.duration_us), q_prof)
+                if why:
+                    excluded.setdefault(label, []).append({"name": op.name, "type": op.type,
+                                                           "measured_us": float(op.duration_us), "why": why})
+                    continue
                 fs.append(f)
                 ms.append(float(op.duration_us))
                 ts.append(op.type)
-        pc = PartChoice(parts[label], "given with --part") if parts and label in parts else capture_part(ops)
         chosen[label] = {"soc": pc.soc, "why": pc.why}
         per_cap.append((label, fs, ms, [pc.soc] * len(fs)))
         types_of[label] = ts
@@ -944,11 +1067,13 @@ def fit(captures: Sequence[tuple[str, Sequence[Any]]], base: "str | C.SocProfile
     for table, key, *_ in specs:
         sources[f"{table}.{key}" if key else table] = (f"fitted (robust least squares on log time) on "
                                                         f"{len(per_cap)} capture(s)")
+    n_bad = sum(len(v) for v in excluded.values())
     calib = {"calibrated": True, "captures": [c[0] for c in per_cap],
              "parts": {k: v["soc"] for k, v in chosen.items()},
              "median_op_error_pct": round(loo.get("median_abs_err_pct") or ins["median_abs_err_pct"], 1),
-             "summary": (f"fitted on {len(feats)} ops of {len(per_cap)} capture(s); in-sample median op error "
-                         f"{ins['median_abs_err_pct']:.1f} %"
+             "summary": (f"fitted on {len(feats)} ops of {len(per_cap)} capture(s)"
+                         + (f" ({n_bad} implausible measurement{'s' if n_bad > 1 else ''} left out)" if n_bad else "")
+                         + f"; in-sample median op error {ins['median_abs_err_pct']:.1f} %"
                          + (f", leave-one-capture-out {loo['median_abs_err_pct']:.1f} %" if loo else ""))}
     fitted = dataclasses.replace(fitted, sources=sources, calibration=calib)
     params = {(f"{t}.{k}" if k else t): v for (t, k, *_), v in
@@ -961,7 +1086,7 @@ def fit(captures: Sequence[tuple[str, Sequence[Any]]], base: "str | C.SocProfile
         fitted = dataclasses.replace(C.part_profile(fitted, part, ref=ref), name=name or f"{part}-fitted")
     return fitted, FitResult(profile=profile_dict(fitted, b.name), parameters=params, n_ops=len(feats),
                              n_keys=len(keys), in_sample=ins, leave_one_out=loo,
-                             captures=[c[0] for c in per_cap], parts=chosen)
+                             captures=[c[0] for c in per_cap], parts=chosen, excluded=excluded)
 
 
 def _per_type(types, meas, preds) -> dict:

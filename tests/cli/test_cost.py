@@ -165,3 +165,17 @@ def test_debug_precision_prices_latency_with_the_soc_profile(run_cli, example_on
     assert accuracy_note("Ascend910B") in line_b and d_b["cost_accuracy"] == accuracy_note("Ascend910B")
     assert "not calibrated for slow910B" in line_j and "not calibrated for slow910B" in d_j["cost_accuracy"]
     assert d_j["baseline_est_us"] > d_b["baseline_est_us"]        # priced at 40 GB/s
+
+
+def test_check_reports_an_implausible_measurement_and_keeps_it(run_cli, tmp_path):
+    """llm_setup's ZerosLike of 6.7 GB in 612 µs: kept in the JSON with why, left out of the total."""
+    j = tmp_path / "s.json"
+    code, out, err = run_cli("cost", "check", SHARED_DATA / "timings_910B" / "llm_setup_8dev_msprof_db", "--json", j)
+    assert code == 0, err
+    assert "implausible measurements: 1 ops, 92.2 % of measured device time (ZerosLike" in out
+    assert "device time, priced plausible ops: measured 51.8 µs" in out and "Traceback" not in err
+    d = json.loads(j.read_text())
+    assert len(d["ops"]) == 11 and d["implausible"]["count"] == 1
+    (z,) = [o for o in d["ops"] if o["excluded"]]
+    assert z["type"] == "ZerosLike" and z["predicted_us"] is None and "11.0 TB/s" in z["excluded"]
+    assert d["total"]["measured_priced_us"] == pytest.approx(d["total"]["measured_us"] - z["measured_us"])
