@@ -1029,16 +1029,19 @@ static inline void npd_put_lines(char *base, char *p0, char *p1, int last, const
  * NPD_WHOLE_MAX (the caller stages per outer index then). */
 #define NPD_WHOLE_MAX (8 << 20)
 
+/* pack with streaming stores: how many r before its own each tile stages again (the bytes of the
+ * line it shares with the previous tile), 0 when every run piece starts on a line */
+static inline i64 npd_t3_back(const char *dst, int no, const i64 *ds, i64 bstride, i64 rc, i64 run) {
+    int aligned = ((uintptr_t)dst & 63) == 0 && (bstride & 63) == 0 && ((rc * run) & 63) == 0;
+    for (int k = 0; k < no; k++) aligned = aligned && (ds[k] & 63) == 0;
+    return aligned ? 0 : (63 + run - 1) / run;
+}
+
 static int npd_t3_whole(char *dst, const char *src, int no, const i64 *shape, const i64 *ds, const i64 *ss,
                         i64 R, i64 A, i64 B, i64 es, i64 rstride, i64 bstride, i64 rc, int nt) {
     i64 run = A * es, blk = A * B * es;
     i64 L = shape[no - 1], dL = ds[no - 1], sL = ss[no - 1];
-    i64 back = 0;
-    if (nt) {
-        int aligned = ((uintptr_t)dst & 63) == 0 && (bstride & 63) == 0 && ((rc * run) & 63) == 0;
-        for (int k = 0; k < no; k++) aligned = aligned && (ds[k] & 63) == 0;
-        back = aligned ? 0 : (63 + run - 1) / run;
-    }
+    i64 back = nt ? npd_t3_back(dst, no, ds, bstride, rc, run) : 0;
     i64 pe = (rc + back) * run, per = B * pe + 64;      /* + a line: the outer indices' regions off one set */
     if (L * per > NPD_WHOLE_MAX || (rc + back) * blk > NPD_WHOLE_MAX) return 0;
     char *mem = (char *)malloc((size_t)(L * per + 64));    /* (C99: no aligned_alloc) */
@@ -1092,12 +1095,7 @@ static void npd_t3_staged(char *dst, const char *src, int no, const i64 *shape, 
     if (dir == 1 && no > 0 && dL == blk) oc = L < 2 ? 1 : 2;   /* block rows continue across L */
     /* pack with streaming stores: each tile stages `back` more r before its own (the bytes of the
      * line it shares with the previous tile), unless every run piece starts on a line */
-    i64 back = 0;
-    if (dir == 0 && nt) {
-        int aligned = ((uintptr_t)dst & 63) == 0 && (bstride & 63) == 0 && ((rc * run) & 63) == 0;
-        for (int k = 0; k < no; k++) aligned = aligned && (ds[k] & 63) == 0;
-        back = aligned ? 0 : (63 + run - 1) / run;
-    }
+    i64 back = dir == 0 && nt ? npd_t3_back(dst, no, ds, bstride, rc, run) : 0;
     while (rc > 1 && oc * (rc + back) * blk > NPD_STAGE) rc >>= 1;
     if (oc * (rc + back) * blk > NPD_STAGE) {
         oc = 1;
