@@ -462,3 +462,27 @@ def test_streaming_stores_equal_plain(monkeypatch, fmt, shape, dtype, offset):
     back = raw2[start2:start2 + x.nbytes].view(dtype).reshape(x.shape)
     assert F.unpack(want, fmt, shape, out=back) is back
     assert back.tobytes() == x.tobytes()
+
+
+@needs_kernel
+@pytest.mark.parametrize("hw", [(8, 16), (16, 32), (64, 65), (64, 96)])
+@pytest.mark.parametrize("c0", [8, 16, 32])
+@pytest.mark.parametrize("offset", [0, 8, 16, 32, 48])
+def test_row_staged_int8_pack_equals_plain(monkeypatch, hw, c0, offset):
+    """NC1HWC0 int8 pack with streaming stores, where the tile's source rows (one channel plane each)
+    are staged in row pieces before the transpose: C0 = 32 writes whole runs from the registers
+    (streamed in 32-byte stores when the destination is 32-byte aligned, in 16-byte halves when it
+    is 16-byte aligned, through the tile buffer otherwise), smaller C0 transposes from the row
+    buffer; H*W from one tile to several (2,048-byte row pieces, a ragged last tile), the destination
+    at offsets 0-48 bytes into a line, the bytes around it untouched."""
+    monkeypatch.setattr(_fastcopy, "_NT_BYTES", 1)
+    shape = (2, 2 * c0 + 5, *hw)                       # a padded last C1 block too
+    x = _rand_bytes(shape, np.int8, hw[0] * c0 + offset)
+    want = _plain(lambda: F.pack(x, "NC1HWC0", c0=c0))
+    raw = np.zeros(want.nbytes + 128, np.uint8)
+    start = (-raw.ctypes.data) % 64 + offset
+    out = raw[start:start + want.nbytes].view(np.int8).reshape(want.shape)
+    out.view(np.uint8).fill(0x5A)
+    assert F.pack(x, "NC1HWC0", c0=c0, out=out) is out
+    assert out.tobytes() == want.tobytes()
+    assert (raw[:start] == 0).all() and (raw[start + want.nbytes:] == 0).all()
