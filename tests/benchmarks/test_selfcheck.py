@@ -139,6 +139,23 @@ def test_convert_check_names_what_is_off(conv):
     assert slow.bad == []                                        # a wall-clock planning figure under load
 
 
+def test_absolute_times_only_against_the_same_host_kind(conv, host):
+    """The planning's CPU seconds are held against the README's only when it was measured on this
+    host's kind (CPU model and L2): another host plans at its own speed; the < 1 s target always holds."""
+    line = "Intel(R) Xeon(R) Processor, 2 usable cores (2 logical), L1d 48K, L2 2048K, L3 491520K; Linux 6 x86_64"
+    assert host.kind(line) == "Intel(R) Xeon(R) Processor, L2 2048K"
+    assert host.kind("AMD EPYC, 2 usable cores (2 logical), L1d 32K, L2 512K, L3 32768K; Linux") == "AMD EPYC, L2 512K"
+    assert host.kind("AMD EPYC, 2 usable cores; Linux") == "AMD EPYC"        # no caches exposed
+    pl = {"plan_s": 0.45, "plan_cpu_s": 0.45}
+    other = "Some Other CPU, 2 usable cores (2 logical), L2 4096K, L3 8192K; Linux 6 x86_64, Python 3"
+    c = conv.check(None, pl, {"plan_cpu_s": 0.27, "host": other}, quiet=True)
+    assert c.bad == [] and any("Some Other CPU, L2 4096K" in n and "not compared" in n for n in c.notes)
+    c = conv.check(None, pl, {"plan_cpu_s": 0.27, "host": host.describe()}, quiet=True)
+    assert len(c.bad) == 1 and "planning 2,000 nodes, CPU s: README documents 0.27" in c.bad[0]
+    c = conv.check(None, {"plan_s": 1.2, "plan_cpu_s": 1.2}, {"plan_cpu_s": 1.2, "host": other}, quiet=True)
+    assert any("target <= 1" in b for b in c.bad)                    # the target on any host
+
+
 # ------------------------------------------------------------------------------------------ profile
 def test_profile_readme_parses(prof):
     doc = prof.documented(_read("README-profile.md"))
