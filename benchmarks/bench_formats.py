@@ -732,8 +732,9 @@ wall time. The summary and the "off" list under the tables are this run's.
     against 0.35-0.37 before; larger tiles (to 255 r, 128 KiB buffers), direct transposes from the
     runs and other prefetch distances did not do better. Staging NC1HWC0 unpack's far-apart rows
     through L2 was slower than ordinary stores (0.43 against 0.60) and is not kept.
-* **On an AMD EPYC host** (new: the issue's host kind, Zen 3, 2 cores, L2 512 KiB per core, L3 32
-  MiB, AVX2/F16C, no AVX-512; the tables above are from it when their host line says AMD EPYC).
+* **On an AMD EPYC Zen 3 host** (the issue's host kind: family 25 model 1, 2 cores, L2 512 KiB per
+  core, L3 32 MiB, AVX2/F16C, no AVX-512; the previous tree's tables were from it, 14:09-14:16 UTC;
+  the tables above are from a Zen 4, see the next point).
   The figures measured on the Intel Xeon host before do not carry over: the first quick run here
   (12:39 UTC, the tree of the previous session) had 70 rows off their documented figures, at 16 MiB
   and 256 MiB alike; FRACTAL_Z rows at 0.2-0.5 of a copy, NC1HWC0 / NDC1HWC0 int8 pack 0.31-0.49.
@@ -762,6 +763,34 @@ wall time. The summary and the "off" list under the tables are this run's.
     reach 0.6: every 256 MiB unpack, every int8 pack and every FRACTAL_Z row stays under it here.
   * The unpacks (0.3-0.35 here) write NCHW rows and read the runs in rc x C0 pieces: the same
     reading problem the other way round, not solved in this tree.
+* **On an AMD EPYC Zen 4 host** (new, the tables above: family 25 model 17, 2 cores, L2 1 MiB per
+  core, L3 32 MiB, AVX-512 present but the kernel's widest path is AVX2; `np.copyto` 7-14 GB/s, its
+  rate moving by up to 2x between processes minutes apart: a VM whose neighbours share the memory
+  system). The same `model name` as the Zen 3 host: `_host.kind` tells them apart by L2 size.
+  * First quick run (18:49 UTC, the previous tree): 6 rows under 0.6 at 16 MiB, other ones than on
+    the Zen 3: NC1HWC0 / NDC1HWC0 int8 pack 0.44 / 0.54, FRACTAL_Z fp32 / int8 unpack 0.51 / 0.42,
+    grouped int8 unpack 0.55, FRACTAL_NZ fp16 unpack 0.49.
+  * *int8 NC1HWC0 / NDC1HWC0 pack, row staging* (new). A tile reads 32 channel planes H*W bytes
+    apart; at H*W = 32,768 they are 32 KiB apart, so every plane's line falls into the same L1 set
+    and 8 ways cannot hold 32 of them: the transpose refetched each line up to 4 times. Now each
+    plane's 2,048-byte piece of the tile is read through in one burst into a row buffer whose row
+    stride (2,112 bytes) is no multiple of 4,096, and 32 x 8 AVX2 transposes from there give 8
+    whole 32-byte runs each, streamed out from the registers (16-byte halves when the output is,
+    as numpy's large arrays are, 16 bytes into a line; 1,024- and 4,096-byte pieces and a prefetch
+    of the next piece measured no better). C harness over the built kernel, cache flushed between
+    rounds: 0.42-0.48 of a copy -> 0.60-0.70 (32-byte aligned output) / 0.60-0.64 (16-byte); through
+    the recipes, side by side with the previous kernel in one script: 16 MiB 0.44-0.48 -> 0.57-0.64,
+    256 MiB 0.47 -> 0.58. In the full run above NC1HWC0 int8 pack is 0.55 at 256 MiB, still just
+    under 0.6, and NDC1HWC0's 0.74.
+  * The full run (--runs 5, 19:29-19:37 UTC, load 0.1-1.3): **50 of 60 rows >= 0.6**, 27 of 30 at
+    16 MiB (FRACTAL_Z fp16 / fp32 / int8 unpack 0.53-0.56 missing), 23 of 30 at 256 MiB. Missing at
+    256 MiB: the FRACTAL_Z unpacks (0.47-0.56; grouped fp32 0.71 makes it), NC1HWC0 int8 pack 0.55,
+    NDC1HWC0 int8 unpack 0.53, FRACTAL_NZ int8 unpack 0.54. The FRACTAL_Z unpack's winner here
+    (`st-a256-r0`: r innermost, ordinary stores) writes 288-byte block rows 64 KB apart, one per
+    (n, c1), so the line it shares with the next c1's block is read for ownership twice, passes of
+    1.2 MB apart (beyond L2): three memory passes against the copy's two. The whole-row unpack
+    (a tile's rows complete in a buffer, streamed out) would read the runs in rc x 32-byte pieces
+    instead, the read-side strip problem of the Zen 3 host; not built in this tree.
 * **2 threads**: reported (wall clock), not a target of this run: with the load above 1 per core
   the helper thread mostly waits for a core.
 
