@@ -789,8 +789,14 @@ wall time. The summary and the "off" list under the tables are this run's.
     (`st-a256-r0`: r innermost, ordinary stores) writes 288-byte block rows 64 KB apart, one per
     (n, c1), so the line it shares with the next c1's block is read for ownership twice, passes of
     1.2 MB apart (beyond L2): three memory passes against the copy's two. The whole-row unpack
-    (a tile's rows complete in a buffer, streamed out) would read the runs in rc x 32-byte pieces
-    instead, the read-side strip problem of the Zen 3 host; not built in this tree.
+    (a tile's rows complete in a buffer, streamed out) reads the runs in rc x 32-byte pieces
+    instead, the read-side strip problem of the Zen 3 host. Built and measured after this run, not
+    kept: with tiles of rc = 8-32 rows it was slower (fp16 [4096, 3584, 3, 3]: 45-60 ms against
+    41-47 ms for `st-a256-r0`); with 128-255 rows and c1 chunks of a 256 KiB buffer 33-38 ms,
+    against 33-47 ms for the others from process to process, and through the benchmark's rows the
+    tuner did not keep it (fp16 0.51-0.58, int8 0.39-0.46: no better than above). The same for
+    staging NC1HWC0 / NDC1HWC0 int8 unpack's 32 destination planes through a row buffer (16 MiB
+    0.60-0.66 -> 0.64-0.72, 256 MiB 0.52-0.61 -> 0.54-0.69, inside the process-to-process noise).
 * **2 threads**: reported (wall clock), not a target of this run: with the load above 1 per core
   the helper thread mostly waits for a core.
 
