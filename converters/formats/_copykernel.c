@@ -414,10 +414,32 @@ static const unsigned char npd_u8_lane_mask[16][32] __attribute__((aligned(32)))
 #undef NPD_M
 };
 
+/* the 16 x 8 byte transpose of tr16x8_u8 on both lanes: p[k] holds 8 bytes of rows k (lane 0) and k+16
+ * (lane 1); run[j] = byte j of the 32 rows (8 whole 32-byte runs) */
+__attribute__((target("avx2")))
+static inline void tr32x8_u8_avx2(const __m256i p[16], __m256i run[8]) {
+    __m256i a[8], b0[4], b1[4], e[4][2];
+    for (int k = 0; k < 8; k++) a[k] = _mm256_unpacklo_epi8(p[2 * k], p[2 * k + 1]);
+    for (int k = 0; k < 4; k++) {
+        b0[k] = _mm256_unpacklo_epi16(a[2 * k], a[2 * k + 1]);
+        b1[k] = _mm256_unpackhi_epi16(a[2 * k], a[2 * k + 1]);
+    }
+    for (int h = 0; h < 2; h++) {
+        e[0][h] = _mm256_unpacklo_epi32(b0[2 * h], b0[2 * h + 1]);
+        e[1][h] = _mm256_unpackhi_epi32(b0[2 * h], b0[2 * h + 1]);
+        e[2][h] = _mm256_unpacklo_epi32(b1[2 * h], b1[2 * h + 1]);
+        e[3][h] = _mm256_unpackhi_epi32(b1[2 * h], b1[2 * h + 1]);
+    }
+    for (int c = 0; c < 4; c++) {
+        run[2 * c] = _mm256_unpacklo_epi64(e[c][0], e[c][1]);
+        run[2 * c + 1] = _mm256_unpackhi_epi64(e[c][0], e[c][1]);
+    }
+}
+
 __attribute__((target("avx2")))
 static void t3_pack8_avx2(char *d, i64 dstride, const char *s, i64 B) {
     i64 i = 0;
-    __m256i p[16], a[8], b0[4], b1[4], e[4][2];
+    __m256i p[16], run[8];
     for (;;) {
         const char *q = s + i;
         for (int k = 0; k < 15; k++) p[k] = NPD_LOADU2(q + (k + 16) * B, q + k * B);
@@ -428,21 +450,8 @@ static void t3_pack8_avx2(char *d, i64 dstride, const char *s, i64 B) {
             p[15] = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(q + 15 * B))),
                                             hi, 1);
         }
-        for (int k = 0; k < 8; k++) a[k] = _mm256_unpacklo_epi8(p[2 * k], p[2 * k + 1]);
-        for (int k = 0; k < 4; k++) {
-            b0[k] = _mm256_unpacklo_epi16(a[2 * k], a[2 * k + 1]);
-            b1[k] = _mm256_unpackhi_epi16(a[2 * k], a[2 * k + 1]);
-        }
-        for (int h = 0; h < 2; h++) {
-            e[0][h] = _mm256_unpacklo_epi32(b0[2 * h], b0[2 * h + 1]);
-            e[1][h] = _mm256_unpackhi_epi32(b0[2 * h], b0[2 * h + 1]);
-            e[2][h] = _mm256_unpacklo_epi32(b1[2 * h], b1[2 * h + 1]);
-            e[3][h] = _mm256_unpackhi_epi32(b1[2 * h], b1[2 * h + 1]);
-        }
-        for (int c = 0; c < 4; c++) {
-            _mm256_storeu_si256((__m256i *)(d + (i + 2 * c) * dstride), _mm256_unpacklo_epi64(e[c][0], e[c][1]));
-            _mm256_storeu_si256((__m256i *)(d + (i + 2 * c + 1) * dstride), _mm256_unpackhi_epi64(e[c][0], e[c][1]));
-        }
+        tr32x8_u8_avx2(p, run);
+        for (int j = 0; j < 8; j++) _mm256_storeu_si256((__m256i *)(d + (i + j) * dstride), run[j]);
         i += 8;
         if (i >= B) return;
         if (B == 9) break;
@@ -460,39 +469,20 @@ static void t3_pack8_avx2(char *d, i64 dstride, const char *s, i64 B) {
  * of 16-byte halves (d 16-byte aligned: numpy's large buffers start 16 bytes into a page) */
 __attribute__((target("avx2")))
 static void pack8_rows_avx2(char *d, const char *s, i64 ss, i64 w, int nt) {
-    __m256i p[16], a[8], b0[4], b1[4], e[4][2];
+    __m256i p[16], run[8];
     for (i64 i = 0; i < w; i += 8) {
         const char *q = s + i;
         for (int k = 0; k < 16; k++) p[k] = NPD_LOADU2(q + (k + 16) * ss, q + k * ss);
-        for (int k = 0; k < 8; k++) a[k] = _mm256_unpacklo_epi8(p[2 * k], p[2 * k + 1]);
-        for (int k = 0; k < 4; k++) {
-            b0[k] = _mm256_unpacklo_epi16(a[2 * k], a[2 * k + 1]);
-            b1[k] = _mm256_unpackhi_epi16(a[2 * k], a[2 * k + 1]);
-        }
-        for (int h = 0; h < 2; h++) {
-            e[0][h] = _mm256_unpacklo_epi32(b0[2 * h], b0[2 * h + 1]);
-            e[1][h] = _mm256_unpackhi_epi32(b0[2 * h], b0[2 * h + 1]);
-            e[2][h] = _mm256_unpacklo_epi32(b1[2 * h], b1[2 * h + 1]);
-            e[3][h] = _mm256_unpackhi_epi32(b1[2 * h], b1[2 * h + 1]);
-        }
+        tr32x8_u8_avx2(p, run);
         char *o = d + i * 32;
-        if (nt == 2) {                         /* d 16-byte aligned only: halves */
-            for (int c = 0; c < 4; c++) {
-                __m256i lo = _mm256_unpacklo_epi64(e[c][0], e[c][1]), hi = _mm256_unpackhi_epi64(e[c][0], e[c][1]);
-                _mm_stream_si128((__m128i *)(o + 64 * c), _mm256_castsi256_si128(lo));
-                _mm_stream_si128((__m128i *)(o + 64 * c + 16), _mm256_extracti128_si256(lo, 1));
-                _mm_stream_si128((__m128i *)(o + 64 * c + 32), _mm256_castsi256_si128(hi));
-                _mm_stream_si128((__m128i *)(o + 64 * c + 48), _mm256_extracti128_si256(hi, 1));
-            }
-        } else if (nt) {
-            for (int c = 0; c < 4; c++) {
-                _mm256_stream_si256((__m256i *)(o + 64 * c), _mm256_unpacklo_epi64(e[c][0], e[c][1]));
-                _mm256_stream_si256((__m256i *)(o + 64 * c + 32), _mm256_unpackhi_epi64(e[c][0], e[c][1]));
-            }
-        } else {
-            for (int c = 0; c < 4; c++) {
-                _mm256_storeu_si256((__m256i *)(o + 64 * c), _mm256_unpacklo_epi64(e[c][0], e[c][1]));
-                _mm256_storeu_si256((__m256i *)(o + 64 * c + 32), _mm256_unpackhi_epi64(e[c][0], e[c][1]));
+        for (int j = 0; j < 8; j++) {
+            if (nt == 2) {                     /* d 16-byte aligned only: halves */
+                _mm_stream_si128((__m128i *)(o + 32 * j), _mm256_castsi256_si128(run[j]));
+                _mm_stream_si128((__m128i *)(o + 32 * j + 16), _mm256_extracti128_si256(run[j], 1));
+            } else if (nt) {
+                _mm256_stream_si256((__m256i *)(o + 32 * j), run[j]);
+            } else {
+                _mm256_storeu_si256((__m256i *)(o + 32 * j), run[j]);
             }
         }
     }
